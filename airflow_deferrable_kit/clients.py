@@ -1,0 +1,126 @@
+"""Reference-counted clients shared by every trigger in one event loop.
+
+The triggerer runs all triggers in one asyncio loop, so 10,000 waits on the same S3 connection
+should hold one client, not 10,000. A trigger *leases* a client by key; the first lease builds it
+(once, even when a thousand triggers ask at the same moment), the last release closes it.
+Registries are per event loop because async clients are bound to the loop that made them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Coroutine, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+Factory = Callable[[], Coroutine[Any, Any, Any]]
+Closer = Callable[[Any], Coroutine[Any, Any, None]]
+
+
+@dataclass
+class _Entry:
+    creating: asyncio.Task[Any]
+    close: Closer
+    refs: int = 0
+
+
+_registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, _Entry]] = weakref.WeakKeyDictionary()
+
+
+def _registry() -> dict[Hashable, _Entry]:
+    loop = asyncio.get_running_loop()
+    registry = _registries.get(loop)
+    if registry is None:
+        registry = _registries[loop] = {}
+    return registry
+
+
+def _forget_failed(registry: dict[Hashable, _Entry], key: Hashable, entry: _Entry) -> None:
+    def done(task: asyncio.Task[Any]) -> None:
+        if (task.cancelled() or task.exception() is not None) and registry.get(key) is entry:
+            del registry[key]
+
+    entry.creating.add_done_callback(done)
+
+
+def _close_when_built(entry: _Entry) -> None:
+    """Close a client nobody holds any more, once (and if) its creation succeeds."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            closing: asyncio.Task[None] = asyncio.get_running_loop().create_task(entry.close(task.result()))
+            _background.add(closing)
+            closing.add_done_callback(_background.discard)
+
+    entry.creating.add_done_callback(done)
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+async def acquire(key: Hashable, factory: Factory, close: Closer) -> Any:
+    """Return the shared client for ``key``, building it with ``factory`` if nobody holds one.
+
+    Creation runs in its own task so that cancelling the trigger that happened to ask first
+    does not fail every other trigger waiting for the same client.
+    """
+    registry = _registry()
+    entry = registry.get(key)
+    if entry is None:
+        entry = _Entry(creating=asyncio.get_running_loop().create_task(factory()), close=close)
+        registry[key] = entry
+        _forget_failed(registry, key, entry)
+    entry.refs += 1
+    try:
+        return await asyncio.shield(entry.creating)
+    except BaseException:
+        entry.refs -= 1
+        if entry.refs == 0 and registry.get(key) is entry:
+            del registry[key]
+            _close_when_built(entry)
+        raise
+
+
+async def release(key: Hashable) -> None:
+    """Drop one lease on ``key``; the last one closes the client."""
+    registry = _registry()
+    entry = registry.get(key)
+    if entry is None:
+        return
+    entry.refs -= 1
+    if entry.refs > 0:
+        return
+    del registry[key]
+    task = entry.creating
+    if task.done() and not task.cancelled() and task.exception() is None:
+        await entry.close(task.result())
+    else:
+        _close_when_built(entry)
+
+
+def held_keys() -> dict[Hashable, int]:
+    """Keys with live leases in the running loop and their counts (for tests and diagnostics)."""
+    return {key: entry.refs for key, entry in _registry().items()}
+
+
+class Leases:
+    """The leases one trigger holds, so its cleanup releases exactly those."""
+
+    def __init__(self) -> None:
+        self._held: dict[Hashable, Any] = {}
+
+    async def get(self, key: Hashable, factory: Factory, close: Closer) -> Any:
+        if key in self._held:
+            return self._held[key]
+        client = await acquire(key, factory, close)
+        self._held[key] = client
+        return client
+
+    async def release_all(self) -> None:
+        keys, self._held = list(self._held), {}
+        for key in keys:
+            await release(key)
+
+    def __len__(self) -> int:
+        return len(self._held)

@@ -1,0 +1,208 @@
+"""The deferrable sensor every wait in this package is built on.
+
+A subclass names its ``trigger_class`` and its ``template_fields``; the sensor takes the
+trigger's parameters as its own arguments. With ``deferrable=True`` it hands the wait to the
+triggerer; with ``deferrable=False`` it pokes (poke or reschedule mode) through the trigger's
+very own ``check()``, so both paths agree on what "done" means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import timedelta
+from typing import Any, ClassVar, NoReturn
+
+from airflow.sdk import BaseOperator, BaseSensorOperator, Context, PokeReturnValue
+from airflow.sdk.configuration import conf
+from airflow.sdk.definitions._internal.mixins import ResolveMixin
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralTimeout
+
+from airflow_deferrable_kit.extras import require_extra
+from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT
+from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after
+
+#: Parameters of :class:`PollingTrigger` that the sensor fills in itself.
+SENSOR_MANAGED = frozenset({"poll_interval", "deadline", "end_from_trigger", "soft_fail", "max_backoff"})
+#: How long after the trigger's own deadline Airflow's backstop timeout fires. The trigger's
+#: timeout event normally wins; the backstop covers a trigger that never ran at all.
+BACKSTOP_GRACE = timedelta(seconds=60)
+
+
+class WaitFailedError(RuntimeError):
+    """The wait ended with an error. Not an ``AirflowException``, so ``soft_fail`` cannot skip it."""
+
+
+def is_unresolved(value: Any) -> bool:
+    """True if ``value`` is only known at run time (a Jinja template or an XComArg).
+
+    Such arguments are validated once rendered, in the worker, before the wait is deferred.
+    """
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, ResolveMixin):
+        return True
+    if isinstance(value, dict):
+        return any(is_unresolved(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(is_unresolved(v) for v in value)
+    return False
+
+
+class DeferrableSensor(BaseSensorOperator):
+    """Base for sensors paired with a :class:`PollingTrigger`.
+
+    :param deferrable: wait in the triggerer instead of a worker slot. Defaults to
+        ``[operators] default_deferrable``, read when the sensor is built.
+    :param check_before_defer: look once in the worker first, so an already-true condition
+        finishes without a trigger round trip.
+    :param end_from_trigger: let the triggerer finish the task (success, skip or failure) with
+        the payload as XCom, so no worker slot is taken on resume.
+    :param max_backoff: cap, in seconds, of the backoff after repeated transient errors.
+
+    ``timeout`` is one budget for the whole wait; ``soft_fail`` skips the task on timeout only,
+    never on an error.
+    """
+
+    trigger_class: ClassVar[type[PollingTrigger]]
+    ui_color = "#d9f2e6"
+
+    def __init__(
+        self,
+        *,
+        deferrable: bool | None = None,
+        check_before_defer: bool = True,
+        end_from_trigger: bool = False,
+        max_backoff: float = 300.0,
+        **kwargs: Any,
+    ) -> None:
+        names = self.wait_parameter_names()
+        params = {name: kwargs.pop(name) for name in names if name in kwargs}
+        super().__init__(**kwargs)
+        missing = sorted(name for name in self._required_parameters() if name not in params)
+        if missing:
+            raise TypeError(
+                f"{type(self).__name__} (task_id={self.task_id!r}) missing required argument(s): " + ", ".join(missing)
+            )
+        for name, value in params.items():
+            setattr(self, name, value)
+        for name in names:
+            if not hasattr(self, name):
+                setattr(self, name, self._default_of(name))
+        if deferrable is None:
+            deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
+        self.deferrable = deferrable
+        self.check_before_defer = check_before_defer
+        self.end_from_trigger = end_from_trigger
+        self.max_backoff = max_backoff
+        if not self.poke_interval > 0:
+            raise ValueError(f"poke_interval must be a positive number of seconds, got {self.poke_interval!r}")
+        trigger_class = self.trigger_class
+        if trigger_class.extra is not None:
+            require_extra(trigger_class.extra, *trigger_class.extra_modules, needed_by=type(self).__name__)
+        if not is_unresolved([getattr(self, name) for name in names]):
+            self.build_trigger(deadline=None)  # validates every argument at DAG parse
+
+    # ------------------------------------------------------------------- the parameters
+    @classmethod
+    def wait_parameter_names(cls) -> tuple[str, ...]:
+        """The trigger parameters this sensor accepts as its own arguments."""
+        return tuple(n for n in cls.trigger_class.parameter_names() if n not in SENSOR_MANAGED)
+
+    @classmethod
+    def _fields(cls) -> dict[str, dataclasses.Field[Any]]:
+        return {f.name: f for f in dataclasses.fields(cls.trigger_class)}
+
+    @classmethod
+    def _required_parameters(cls) -> list[str]:
+        fields = cls._fields()
+        return [
+            name
+            for name in cls.wait_parameter_names()
+            if fields[name].default is dataclasses.MISSING and fields[name].default_factory is dataclasses.MISSING
+        ]
+
+    @classmethod
+    def _default_of(cls, name: str) -> Any:
+        field = cls._fields()[name]
+        if field.default_factory is not dataclasses.MISSING:
+            return field.default_factory()
+        return field.default
+
+    def trigger_params(self) -> dict[str, Any]:
+        """The wait's own trigger kwargs from this (rendered) sensor; override to normalise values."""
+        return {name: getattr(self, name) for name in self.wait_parameter_names()}
+
+    def build_trigger(self, deadline: str | None) -> PollingTrigger:
+        return self.trigger_class(
+            **self.trigger_params(),
+            poll_interval=self.poke_interval,
+            deadline=deadline,
+            end_from_trigger=self.end_from_trigger,
+            soft_fail=self.soft_fail,
+            max_backoff=self.max_backoff,
+        )
+
+    # ------------------------------------------------------------------------ execution
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        deadline = deadline_after(self.timeout)
+        if self.check_before_defer:
+            payload = self._poll_in_worker()
+            if payload is not None:
+                return self.finish(payload)
+        self.defer_until(deadline)
+
+    def defer_until(self, deadline: str) -> NoReturn:
+        """Defer to the trigger with the given absolute deadline (re-deferrals pass the same one)."""
+        trigger = self.build_trigger(deadline)
+        left = max(trigger.seconds_left() or 0.0, 0.0)
+        self.defer(
+            trigger=trigger,
+            method_name="execute_complete",
+            kwargs={"deadline": deadline},
+            timeout=timedelta(seconds=left) + BACKSTOP_GRACE,
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any], deadline: str | None = None) -> Any:
+        """Resume from the trigger: the payload becomes the XCom, or the task fails / skips."""
+        return self.finish(event)
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        payload = self._poll_in_worker()
+        if payload is None:
+            return False
+        return PokeReturnValue(is_done=True, xcom_value=self.finish(payload))
+
+    def _poll_in_worker(self) -> dict[str, Any] | None:
+        return asyncio.run(self.build_trigger(deadline=None).poll_once())
+
+    def finish(self, payload: Any) -> Any:
+        """Turn a payload into the task's outcome: return it, or raise the right exception."""
+        status = payload.get("status") if isinstance(payload, dict) else None
+        if status == SUCCESS:
+            self.log.info("Condition met: %s", payload)
+            return payload
+        if status == TIMEOUT:
+            message = payload.get("message") or "the wait timed out"
+            if self.soft_fail or self.never_fail:
+                raise AirflowSkipException(f"Skipping on timeout (soft_fail): {message}")
+            raise AirflowSensorTimeout(message)
+        if status == ERROR:
+            message = f"{payload.get('error_type', 'error')}: {payload.get('message', '')}"
+            if self.never_fail:
+                raise AirflowSkipException(f"Skipping on error (never_fail): {message}")
+            raise WaitFailedError(message)
+        raise WaitFailedError(f"unexpected trigger event payload: {payload!r}")
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        # Unlike BaseSensorOperator, only a timeout may be softened into a skip: a crashed
+        # trigger (TaskDeferralError) is a real error and fails the task even with soft_fail.
+        try:
+            return BaseOperator.resume_execution(self, next_method, next_kwargs, context)
+        except TaskDeferralTimeout as exc:
+            message = f"the trigger did not report before Airflow's backstop timeout: {exc}"
+            if self.soft_fail or self.never_fail:
+                raise AirflowSkipException(f"Skipping on timeout (soft_fail): {message}") from exc
+            raise AirflowSensorTimeout(message) from exc

@@ -1,0 +1,49 @@
+"""Wait for a wall-clock moment without holding a worker slot."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from airflow_deferrable_kit.sensors.base import DeferrableSensor
+from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
+
+
+def to_utc_iso(value: str | dt.datetime, *, argument: str = "target_time") -> str:
+    """Normalise a moment to an ISO 8601 UTC string.
+
+    Aware values keep their instant. Naive datetimes and strings without an offset are read in
+    Airflow's default timezone (``[core] default_timezone``), like every other Airflow date.
+    """
+    from airflow.sdk import timezone
+
+    if isinstance(value, dt.datetime):
+        moment = value if value.tzinfo is not None else timezone.coerce_datetime(value)
+    elif isinstance(value, str):
+        try:
+            moment = timezone.parse(value.strip(), strict=True)
+        except Exception as exc:
+            raise ValueError(f"{argument} could not be parsed as an ISO 8601 datetime: {value!r}") from exc
+        if not isinstance(moment, dt.datetime):
+            raise ValueError(f"{argument} must be a date and time, got {value!r}")
+    else:
+        raise TypeError(f"{argument} must be a datetime or an ISO 8601 string, got {type(value).__name__}")
+    return moment.astimezone(dt.timezone.utc).isoformat()
+
+
+class DateTimeSensor(DeferrableSensor):
+    """Succeed once ``target_time`` is reached; deferrable, with one total ``timeout``.
+
+    :param target_time: a datetime or ISO 8601 string (templated). Without an offset it is read
+        in Airflow's default timezone. The success payload carries it as UTC ISO 8601.
+    """
+
+    trigger_class = DateTimeTrigger
+    template_fields = ("target_time",)
+    target_time: str | dt.datetime
+
+    def __init__(self, *, target_time: str | dt.datetime, **kwargs: Any) -> None:
+        super().__init__(target_time=target_time, **kwargs)
+
+    def trigger_params(self) -> dict[str, Any]:
+        return {"target_time": to_utc_iso(self.target_time)}

@@ -1,0 +1,1 @@
+"""Natively async triggers; importable by the triggerer without any sensor code."""

@@ -1,0 +1,328 @@
+"""The polling trigger every wait in this package is built on.
+
+A subclass declares its parameters as annotated class attributes and implements one async
+``check()`` that looks once. The base turns that into a well-behaved trigger: exact
+serialization, one absolute deadline, capped exponential backoff with full jitter on transient
+errors, an immediate error event on fatal ones, exactly one event, and release of every shared
+client on exit. The same ``check()`` serves the sensor's poke path, so a wait's knowledge lives
+in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Hashable
+from typing import Any, ClassVar
+
+from airflow.triggers.base import (
+    BaseTrigger,
+    TaskFailedEvent,
+    TaskSkippedEvent,
+    TaskSuccessEvent,
+    TriggerEvent,
+)
+from pydantic import JsonValue
+
+from airflow_deferrable_kit.clients import Closer, Factory, Leases
+from airflow_deferrable_kit.extras import require_extra
+from airflow_deferrable_kit.payload import (
+    ERROR,
+    SUCCESS,
+    TIMEOUT,
+    FatalError,
+    Found,
+    PayloadError,
+    TransientError,
+    WaitError,
+    error_payload,
+    require_json_primitives,
+    success_payload,
+    timeout_payload,
+)
+
+#: Shortest sleep before a retry, so an error storm can never become a hot loop.
+MIN_RETRY_DELAY = 0.1
+#: Shortest sleep between two polls of any kind.
+MIN_POLL_DELAY = 0.001
+
+
+class Clock:
+    """Wall-clock time and sleeping, swappable so tests can run hours of waiting in milliseconds."""
+
+    def time(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+SYSTEM_CLOCK = Clock()
+
+
+def deadline_after(seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> str:
+    """The absolute UTC deadline ``seconds`` from now, in the ISO form triggers carry."""
+    return dt.datetime.fromtimestamp(clock.time() + seconds, tz=dt.timezone.utc).isoformat()
+
+
+def parse_deadline(value: str, *, argument: str = "deadline") -> float:
+    """Parse an ISO 8601 deadline with an explicit offset into a POSIX timestamp."""
+    try:
+        moment = dt.datetime.fromisoformat(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{argument} must be an ISO 8601 datetime string, got {value!r}") from exc
+    if moment.tzinfo is None:
+        raise ValueError(f"{argument} must carry a UTC offset (e.g. '+00:00'), got naive {value!r}")
+    return moment.timestamp()
+
+
+@dataclasses.dataclass(kw_only=True, eq=False, repr=False)
+class PollingTrigger(BaseTrigger):
+    """Poll ``check()`` until it returns :class:`Found`, the deadline passes, or a fatal error.
+
+    Parameters shared by every trigger:
+
+    :param poll_interval: seconds between healthy polls; also the base of the error backoff.
+    :param deadline: absolute ISO 8601 time (with offset) at which the wait times out. Carried
+        in the kwargs, so a triggerer restart or a re-deferral never restarts the clock.
+    :param end_from_trigger: finish the task from the triggerer (no worker slot on resume).
+    :param soft_fail: with ``end_from_trigger``, a timeout skips the task instead of failing it.
+    :param max_backoff: the cap, in seconds, of the backoff after repeated transient errors.
+    """
+
+    poll_interval: float = 30.0
+    deadline: str | None = None
+    end_from_trigger: bool = False
+    soft_fail: bool = False
+    max_backoff: float = 300.0
+
+    #: Optional extra this trigger's client comes from, and the modules it provides.
+    extra: ClassVar[str | None] = None
+    extra_modules: ClassVar[tuple[str, ...]] = ()
+    clock: ClassVar[Clock] = SYSTEM_CLOCK
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(kw_only=True, eq=False, repr=False)(cls)
+
+    def __post_init__(self) -> None:
+        BaseTrigger.__init__(self)
+        self._leases = Leases()
+        self._deadline_ts: float | None = None
+        if self.extra is not None:
+            require_extra(self.extra, *self.extra_modules, needed_by=type(self).__name__)
+        self._validate_common()
+        self.validate()
+        require_json_primitives(self._kwargs(), what=f"{type(self).__name__} kwargs")
+
+    def _validate_common(self) -> None:
+        for name in ("poll_interval", "max_backoff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.deadline is not None:
+            self._deadline_ts = parse_deadline(self.deadline)
+
+    def validate(self) -> None:
+        """Check the subclass's parameters; raise ``ValueError`` naming the argument."""
+
+    # ----------------------------------------------------------------- the subclass contract
+    async def check(self) -> Found | None:
+        """Look once. Return :class:`Found` when done, ``None`` for "not yet".
+
+        Raise :class:`TransientError` to retry with backoff or :class:`FatalError` to end with
+        an error event; any other exception is passed to :meth:`classify_error`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement check()")
+
+    def classify_error(self, exc: Exception) -> WaitError:
+        """Map a client exception to transient or fatal. Subclasses add their clients' errors."""
+        if isinstance(exc, WaitError):
+            return exc
+        if isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
+            return TransientError(f"{type(exc).__name__}: {exc}", error_type="network")
+        if isinstance(exc, OSError):
+            return TransientError(f"{type(exc).__name__}: {exc}", error_type="network")
+        return FatalError(f"unexpected {type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+
+    def next_poll_delay(self) -> float:
+        """Seconds until the next healthy poll; a subclass with a known target time shortens it."""
+        return float(self.poll_interval)
+
+    def describe(self) -> str:
+        """A short human description for the log line written when the wait starts."""
+        return type(self).__name__
+
+    async def lease(self, key: Hashable, factory: Factory, close: Closer) -> Any:
+        """A client shared with every trigger using the same ``key`` in this loop, held until exit."""
+        return await self._leases.get(key, factory, close)
+
+    # --------------------------------------------------------------------- serialization
+    @classmethod
+    def parameter_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.parameter_names()}
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", self._kwargs()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PollingTrigger) and type(other) is type(self) and self.serialize() == other.serialize()
+
+    def __hash__(self) -> int:
+        classpath, kwargs = self.serialize()
+        return hash((classpath, json.dumps(kwargs, sort_keys=True)))
+
+    # ------------------------------------------------------------------------ the loop
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            payload = await self.wait()
+        finally:
+            await self.release()
+        yield self.to_event(payload)
+
+    async def cleanup(self) -> None:
+        await self.release()
+
+    async def release(self) -> None:
+        """Give back every shared client this trigger leased (idempotent)."""
+        await self._leases.release_all()
+
+    def seconds_left(self) -> float | None:
+        if self._deadline_ts is None:
+            return None
+        return self._deadline_ts - self.clock.time()
+
+    async def wait(self) -> dict[str, Any]:
+        """Poll until done and return the single payload (the loop behind :meth:`run`)."""
+        self.log.info("Waiting: %s (deadline %s)", self.describe(), self.deadline or "none")
+        failures = 0
+        while True:
+            left = self.seconds_left()
+            if left is not None and left <= 0:
+                return self._timed_out()
+            try:
+                outcome = await self._check_before(left)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = self.classify_error(exc)
+                if not isinstance(error, TransientError):
+                    self.log.error("Wait failed (%s): %s", error.error_type, error.message)
+                    return self._safe(error_payload, error.error_type, error.message, error.details)
+                failures += 1
+                delay = self.backoff_delay(failures, error.retry_after)
+                self.log.warning(
+                    "Transient error %d (%s): %s; retrying in %.2fs",
+                    failures,
+                    error.error_type,
+                    error.message,
+                    delay,
+                )
+            else:
+                if outcome is _DEADLINE:
+                    return self._timed_out()
+                if isinstance(outcome, Found):
+                    self.log.info("Wait satisfied: %s", self.describe())
+                    return self._safe(success_payload, outcome)
+                if failures:
+                    self.log.info("Recovered after %d transient error(s)", failures)
+                failures = 0
+                delay = max(self.next_poll_delay(), MIN_POLL_DELAY)
+            left = self.seconds_left()
+            if left is not None:
+                delay = min(delay, max(left, 0.0))
+            await self.clock.sleep(delay)
+
+    async def _check_before(self, left: float | None) -> Found | object | None:
+        """Run one check, abandoning it if the deadline passes while it is in flight."""
+        if left is None:
+            return await self.check()
+        task = asyncio.ensure_future(self.check())
+        try:
+            done, _ = await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return _DEADLINE
+        return task.result()
+
+    def backoff_delay(self, failures: int, retry_after: float | None = None) -> float:
+        """Full-jitter exponential backoff: uniform in [0, min(cap, interval * 2^n)], with a floor."""
+        ceiling = min(float(self.max_backoff), float(self.poll_interval) * 2.0 ** min(failures, 30))
+        delay = max(random.uniform(0.0, ceiling), min(MIN_RETRY_DELAY, float(self.poll_interval)))
+        if retry_after is not None:
+            delay = max(delay, float(retry_after))
+        return delay
+
+    def _timed_out(self) -> dict[str, Any]:
+        message = f"{self.describe()}: deadline {self.deadline} passed before the condition held"
+        self.log.info("Wait timed out: %s", message)
+        return timeout_payload(message)
+
+    def _safe(self, build: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+        """Build a payload; a subclass's unusable data becomes a clear error payload, not a crash."""
+        try:
+            payload = build(*args)
+        except PayloadError as exc:
+            self.log.error("%s produced an unusable payload: %s", type(self).__name__, exc)
+            return error_payload("payload_error", f"{type(self).__name__} produced an unusable payload: {exc}")
+        return payload
+
+    def to_event(self, payload: dict[str, Any]) -> TriggerEvent:
+        """Wrap the payload: a plain event, or with ``end_from_trigger`` one that ends the task."""
+        if not self.end_from_trigger:
+            return TriggerEvent(payload)
+        xcoms: dict[str, JsonValue] = {"return_value": payload}
+        status = payload["status"]
+        if status == SUCCESS:
+            return TaskSuccessEvent(xcoms=xcoms)
+        if status == TIMEOUT and self.soft_fail:
+            return TaskSkippedEvent(xcoms=xcoms)
+        return TaskFailedEvent(xcoms=xcoms)
+
+    async def poll_once(self) -> dict[str, Any] | None:
+        """One check for the sensor's poke path: a success or error payload, or ``None`` (not yet).
+
+        Transient errors count as "not yet" here: the sensor's next poke is the retry.
+        """
+        try:
+            outcome = await self.check()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = self.classify_error(exc)
+            if isinstance(error, TransientError):
+                self.log.warning("Transient error (%s): %s; will poke again", error.error_type, error.message)
+                return None
+            return self._safe(error_payload, error.error_type, error.message, error.details)
+        finally:
+            await self.release()
+        if outcome is None:
+            return None
+        return self._safe(success_payload, outcome)
+
+
+_DEADLINE = object()
+
+__all__ = [
+    "ERROR",
+    "SUCCESS",
+    "TIMEOUT",
+    "Clock",
+    "FatalError",
+    "Found",
+    "PollingTrigger",
+    "TransientError",
+    "deadline_after",
+    "parse_deadline",
+]
