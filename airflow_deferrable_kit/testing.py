@@ -5,13 +5,17 @@
 * :class:`FakeClock` lets a test run hours of polling and backoff in milliseconds.
 * :func:`assert_defers` checks that a sensor defers with a given trigger class and method.
 * :func:`make_context` builds the minimal context a sensor's ``execute`` needs.
+* :func:`watch_blocking` reports every callback that held the event loop too long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import logging
 import time
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -124,3 +128,42 @@ def make_context(task: Any = None, **overrides: Any) -> dict[str, Any]:
     }
     context.update(overrides)
     return context
+
+
+class _Collect(logging.Handler):
+    def __init__(self, sink: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if " took " in message:
+            self.sink.append(message)
+
+
+@contextlib.contextmanager
+def watch_blocking(threshold: float = 0.05) -> Iterator[list[str]]:
+    """Collect asyncio's slow-callback reports (anything holding the loop over ``threshold`` s).
+
+    Use inside a running loop; assert the yielded list is empty afterwards::
+
+        with watch_blocking(0.05) as blocked:
+            await run_trigger(trigger)
+        assert blocked == []
+    """
+    loop = asyncio.get_running_loop()
+    reports: list[str] = []
+    handler = _Collect(reports)
+    asyncio_log = logging.getLogger("asyncio")
+    previous = (loop.get_debug(), loop.slow_callback_duration, asyncio_log.level)
+    loop.set_debug(True)
+    loop.slow_callback_duration = threshold
+    asyncio_log.addHandler(handler)
+    asyncio_log.setLevel(logging.WARNING)
+    try:
+        yield reports
+    finally:
+        asyncio_log.removeHandler(handler)
+        loop.set_debug(previous[0])
+        loop.slow_callback_duration = previous[1]
+        asyncio_log.setLevel(previous[2])
