@@ -152,14 +152,18 @@ def truncate_text(text: str, limit: int) -> str:
 
 
 def build_payload(status: Status, data: Mapping[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
-    """Assemble a payload: ``status`` first, then the data, checked JSON-safe and size-capped."""
+    """Assemble a payload: ``status`` first, then the data, made JSON-safe and size-capped.
+
+    Common values (datetimes, ``Decimal``, ``UUID``, bytes) are converted by :func:`json_safe`;
+    anything else raises :class:`PayloadError`, as does a payload over :data:`MAX_PAYLOAD_BYTES`.
+    """
     payload: dict[str, Any] = {"status": status}
     for key, value in (data or {}).items():
         if key in RESERVED_KEYS:
             raise PayloadError(f"payload data may not use the reserved key {key!r}")
         payload[key] = value
     payload.update(fields)
-    require_json_primitives(payload, what="payload")
+    payload = json_safe(payload, _path="$")
     size = len(json.dumps(payload, separators=(",", ":")))
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadError(

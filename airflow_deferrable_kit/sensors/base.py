@@ -67,6 +67,17 @@ class DeferrableSensor(BaseSensorOperator):
     trigger_class: ClassVar[type[PollingTrigger]]
     ui_color = "#d9f2e6"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "trigger_class" not in cls.__dict__:
+            return
+        clashes = [name for name in cls.wait_parameter_names() if hasattr(BaseSensorOperator, name)]
+        if clashes:
+            raise TypeError(
+                f"{cls.__name__}: parameter(s) {', '.join(clashes)} of {cls.trigger_class.__name__} clash with "
+                "BaseSensorOperator attributes of the same name; rename them in the trigger"
+            )
+
     def __init__(
         self,
         *,

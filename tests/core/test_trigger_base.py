@@ -1,0 +1,244 @@
+"""The polling trigger's contract: serialization, deadline, backoff, errors, one event, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+
+import pytest
+from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_deferrable_kit import clients
+from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
+from airflow_deferrable_kit.testing import FakeClock, run_trigger, run_trigger_payload
+from airflow_deferrable_kit.triggers.base import MIN_RETRY_DELAY, deadline_after
+from tests.core.sample import CHECKS, LeasingTrigger, ScriptedTrigger, script
+
+
+def scripted(name: str, *steps: str, clock: FakeClock | None = None, **kwargs: object) -> ScriptedTrigger:
+    trigger = ScriptedTrigger(script=script(name, *steps), **kwargs)  # type: ignore[arg-type]
+    if clock is not None:
+        trigger.clock = clock  # type: ignore[misc]
+    return trigger
+
+
+# ----------------------------------------------------------------------------- serialization
+@given(
+    poll_interval=st.floats(min_value=0.001, max_value=1e6, allow_nan=False),
+    note=st.text(max_size=50),
+    tags=st.lists(st.text(max_size=10), max_size=5),
+    seconds=st.floats(min_value=-1e6, max_value=1e8, allow_nan=False),
+    end_from_trigger=st.booleans(),
+)
+def test_serialize_round_trips_exactly_through_json(
+    poll_interval: float, note: str, tags: list[str], seconds: float, end_from_trigger: bool
+) -> None:
+    trigger = ScriptedTrigger(
+        script="s",
+        note=note,
+        tags=tags,
+        poll_interval=poll_interval,
+        deadline=deadline_after(seconds),
+        end_from_trigger=end_from_trigger,
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "tests.core.sample.ScriptedTrigger"
+    rebuilt = ScriptedTrigger(**json.loads(json.dumps(kwargs)))
+    assert rebuilt == trigger
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+def test_kwargs_hold_only_json_primitives_and_reject_others() -> None:
+    with pytest.raises(TypeError, match=r"ScriptedTrigger kwargs at \$\.tags\[0\].*only JSON primitives"):
+        ScriptedTrigger(script="s", tags=[dt.date(2024, 1, 1)])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"poll_interval": 0}, "poll_interval must be a positive number"),
+        ({"poll_interval": -5}, "poll_interval must be a positive number"),
+        ({"max_backoff": "10"}, "max_backoff must be a positive number"),
+        ({"deadline": "tomorrow"}, "deadline must be an ISO 8601"),
+        ({"deadline": "2030-01-01T00:00:00"}, "deadline must carry a UTC offset"),
+        ({"script": ""}, "script must be a non-empty name"),
+    ],
+)
+def test_bad_arguments_fail_at_construction_naming_the_argument(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ScriptedTrigger(**{"script": "s", **kwargs})
+
+
+# ---------------------------------------------------------------------------------- the loop
+async def test_success_after_not_yet_polls_at_the_interval() -> None:
+    clock = FakeClock()
+    trigger = scripted("ok", "none", "none", "found", clock=clock, poll_interval=7)
+    payload = await run_trigger_payload(trigger)
+    assert payload == {"status": "success", "script": "ok", "checks": 3}
+    assert clock.sleeps == [7, 7]
+
+
+async def test_deadline_is_absolute_so_a_rebuilt_trigger_keeps_the_same_clock() -> None:
+    clock = FakeClock()
+    deadline = deadline_after(100, clock=clock)
+    first = scripted("slow", "none", clock=clock, poll_interval=30, deadline=deadline)
+    # A triggerer restart: the trigger is rebuilt from its kwargs 80 s later.
+    clock.advance(80)
+    rebuilt = ScriptedTrigger(**first.serialize()[1])
+    rebuilt.clock = clock  # type: ignore[misc]
+    payload = await run_trigger_payload(rebuilt)
+    assert payload["status"] == "timeout"
+    assert deadline in payload["message"]
+    assert sum(clock.sleeps) == pytest.approx(20)  # only the budget left, not a fresh 100 s
+    assert clock.sleeps == [pytest.approx(20)]
+
+
+async def test_already_expired_deadline_times_out_without_checking() -> None:
+    clock = FakeClock()
+    trigger = scripted("late", "found", clock=clock, deadline=deadline_after(-1, clock=clock))
+    payload = await run_trigger_payload(trigger)
+    assert payload["status"] == "timeout"
+    assert CHECKS["late"] == 0
+
+
+async def test_a_check_in_flight_at_the_deadline_is_abandoned() -> None:
+    trigger = scripted("hang", "hang", deadline=deadline_after(0.2))
+    payload = await run_trigger_payload(trigger, timeout=10)
+    assert payload["status"] == "timeout"
+
+
+async def test_transient_errors_back_off_exponentially_with_full_jitter_then_reset() -> None:
+    clock = FakeClock()
+    steps = ["transient"] * 8 + ["none"] + ["transient"] * 2 + ["found"]
+    trigger = scripted("storm", *steps, clock=clock, poll_interval=1, max_backoff=60)
+    payload = await run_trigger_payload(trigger)
+    assert payload["status"] == "success"
+    assert CHECKS["storm"] == len(steps)
+    sleeps = clock.sleeps
+    assert len(sleeps) == len(steps) - 1  # a sleep before every check but the first
+    for failures, delay in enumerate(sleeps[:8], start=1):
+        assert MIN_RETRY_DELAY <= delay <= min(60, 2**failures)
+    assert sleeps[8] == 1  # the healthy poll resets the backoff: back to the interval
+    assert MIN_RETRY_DELAY <= sleeps[9] <= 2  # and the next storm starts from the bottom
+    assert MIN_RETRY_DELAY <= sleeps[10] <= 4
+
+
+async def test_backoff_is_capped_and_jittered() -> None:
+    trigger = ScriptedTrigger(script="s", poll_interval=5, max_backoff=30)
+    delays = [trigger.backoff_delay(20) for _ in range(500)]
+    assert max(delays) <= 30
+    assert min(delays) >= MIN_RETRY_DELAY
+    assert len({round(d, 3) for d in delays}) > 400  # jittered, not a fixed schedule
+    assert sum(delays) / len(delays) == pytest.approx(15, rel=0.15)  # full jitter: mean is cap / 2
+
+
+async def test_retry_after_is_honoured() -> None:
+    clock = FakeClock()
+    trigger = scripted("ra", "transient:45", "found", clock=clock, poll_interval=1, max_backoff=10)
+    assert (await run_trigger_payload(trigger))["status"] == "success"
+    assert clock.sleeps == [45]
+
+
+async def test_backoff_never_sleeps_past_the_deadline() -> None:
+    clock = FakeClock()
+    trigger = scripted("cut", "transient:500", clock=clock, poll_interval=1, deadline=deadline_after(12, clock=clock))
+    payload = await run_trigger_payload(trigger)
+    assert payload["status"] == "timeout"
+    assert clock.sleeps == [pytest.approx(12)]
+
+
+async def test_fatal_error_ends_at_once_with_an_error_event() -> None:
+    clock = FakeClock()
+    trigger = scripted("deny", "none", "fatal", clock=clock, poll_interval=2)
+    payload = await run_trigger_payload(trigger)
+    assert payload == {"status": "error", "error_type": "access_denied", "message": "access denied to the thing"}
+    assert clock.sleeps == [2]
+
+
+async def test_unexpected_exception_is_an_error_event_not_a_crash_or_a_loop() -> None:
+    clock = FakeClock()
+    payload = await run_trigger_payload(scripted("boom", "boom", clock=clock))
+    assert payload["status"] == "error"
+    assert payload["error_type"] == "KeyError"
+    assert "surprise" in payload["message"]
+    assert clock.sleeps == []
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [("bad-payload", "type object, which is not JSON-safe"), ("reserved", "reserved key 'status'")],
+)
+async def test_unusable_check_data_becomes_a_clear_error_event(step: str, message: str) -> None:
+    payload = await run_trigger_payload(scripted(f"bad-{step}", step))
+    assert payload["status"] == "error"
+    assert payload["error_type"] == "payload_error"
+    assert message in payload["message"]
+
+
+async def test_oversized_payload_is_refused_with_the_limit_in_the_message() -> None:
+    from airflow_deferrable_kit.payload import PayloadError, build_payload
+
+    with pytest.raises(PayloadError, match=str(MAX_PAYLOAD_BYTES)):
+        build_payload("success", {"blob": "x" * MAX_PAYLOAD_BYTES})
+
+
+# ----------------------------------------------------------------------------- end_from_trigger
+@pytest.mark.parametrize(
+    ("steps", "soft_fail", "expected_type", "status"),
+    [
+        (("found",), False, TaskSuccessEvent, "success"),
+        (("fatal",), True, TaskFailedEvent, "error"),
+        (("none",), True, TaskSkippedEvent, "timeout"),
+        (("none",), False, TaskFailedEvent, "timeout"),
+    ],
+)
+async def test_end_from_trigger_finishes_the_task_with_the_payload_as_xcom(
+    steps: tuple[str, ...], soft_fail: bool, expected_type: type, status: str
+) -> None:
+    trigger = scripted(
+        f"end-{status}-{soft_fail}",
+        *steps,
+        end_from_trigger=True,
+        soft_fail=soft_fail,
+        poll_interval=0.01,
+        deadline=deadline_after(0.05),
+    )
+    event = await run_trigger(trigger)
+    assert type(event) is expected_type
+    assert event.xcoms is not None
+    assert event.xcoms["return_value"]["status"] == status  # type: ignore[index,call-overload]
+
+
+async def test_without_end_from_trigger_the_event_is_a_plain_trigger_event() -> None:
+    event = await run_trigger(scripted("plain", "found"))
+    assert type(event) is TriggerEvent
+
+
+# ---------------------------------------------------------------------------- release / cancel
+async def test_cancelling_waiting_triggers_releases_their_shared_client() -> None:
+    LeasingTrigger.opened.clear()
+    LeasingTrigger.closed.clear()
+    triggers = [LeasingTrigger(key="k", poll_interval=0.01) for _ in range(50)]
+    tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in triggers]
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if clients.held_keys().get(("sample", "k")) == 50 and LeasingTrigger.opened:
+            break
+    assert clients.held_keys() == {("sample", "k"): 50}
+    assert LeasingTrigger.opened == ["k"]  # one client for fifty waits
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert clients.held_keys() == {}
+    assert LeasingTrigger.closed == ["client-k"]
+
+
+async def test_a_fired_trigger_has_released_its_clients_before_the_event_is_handed_over() -> None:
+    trigger = LeasingTrigger(key="once", poll_interval=0.01, deadline=deadline_after(0.05))
+    events = trigger.run()
+    event = await events.__anext__()
+    assert event.payload["status"] == "timeout"
+    assert clients.held_keys() == {}
