@@ -1,0 +1,35 @@
+# The two commands a newcomer needs: `make test` (what CI runs) and, later, `make demo`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: venv system-deps lint test test-fast clean
+
+$(BIN)/uv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+
+# Installs the package with every extra and the test/dev tools, from pyproject.toml only.
+venv: $(BIN)/uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[dev]"
+
+# PostgreSQL server binaries for the throw-away test cluster (Debian/Ubuntu, as root).
+system-deps:
+	bash scripts/install-system-deps.sh
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# Unit, integration (real S3 API, HTTP, PostgreSQL, Kafka-protocol broker) and end-to-end
+# (a real Airflow scheduler + triggerer) tests. Services start and stop by themselves.
+test: system-deps lint
+	$(BIN)/pytest -q -p no:cacheprovider --durations=15 tests
+
+# Everything except the real-Airflow end-to-end tests, for a quicker loop while developing.
+test-fast: venv
+	$(BIN)/pytest -q -p no:cacheprovider -m "not e2e" tests
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,231 @@
+"""A real Airflow on 127.0.0.1 (api-server, scheduler, triggerer, dag-processor; SQLite +
+LocalExecutor) in a throw-away AIRFLOW_HOME, plus a small REST client to drive it.
+
+Used by the end-to-end tests and the demo. Every process runs in its own session so ``stop()``
+can end the whole group, also after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scripts.services import ServiceUnavailable, free_port
+
+COMPONENTS = ("api-server", "scheduler", "triggerer", "dag-processor")
+TERMINAL = {"success", "failed", "skipped", "upstream_failed", "removed"}
+
+
+@dataclass
+class LocalAirflow:
+    dags_folder: Path
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="adk-airflow-")))
+    port: int = field(default_factory=free_port)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _token: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "AIRFLOW_HOME": str(self.home),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__PARALLELISM": "4",
+                "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__API__PORT": str(self.port),
+                "AIRFLOW__API__BASE_URL": self.base_url,
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+                "AIRFLOW__API__WORKERS": "1",
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+                "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    def _airflow(self) -> str:
+        candidate = Path(sys.executable).with_name("airflow")
+        if candidate.exists():
+            return str(candidate)
+        found = shutil.which("airflow")
+        if not found:
+            raise ServiceUnavailable("the airflow command is not installed in this environment")
+        return found
+
+    # ------------------------------------------------------------------------- lifecycle
+    def start(self, *, timeout: float = 180) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        migrate = subprocess.run(
+            [self._airflow(), "db", "migrate"], env=self.env, capture_output=True, text=True, check=False
+        )
+        if migrate.returncode != 0:
+            raise ServiceUnavailable(f"airflow db migrate failed:\n{migrate.stderr[-3000:]}")
+        for component in COMPONENTS:
+            args = [self._airflow(), component]
+            if component in ("scheduler", "triggerer"):
+                args.append("--skip-serve-logs")
+            log = open(self.home / f"{component}.log", "wb")  # noqa: SIM115 - closed with the process
+            self.processes[component] = subprocess.Popen(
+                args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.wait_healthy(timeout=timeout)
+
+    def wait_healthy(self, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            for name, proc in self.processes.items():
+                if proc.poll() is not None:
+                    raise ServiceUnavailable(f"airflow {name} exited early:\n{self.log_tail(name)}")
+            try:
+                last = self._request("GET", "/api/v2/monitor/health", auth=False)
+                needed = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+                if all((last.get(part) or {}).get("status") == "healthy" for part in needed):
+                    return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise ServiceUnavailable(f"Airflow did not become healthy within {timeout:.0f}s; last health: {last}")
+
+    def stop(self) -> None:
+        for proc in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        end = time.monotonic() + 20
+        for proc in self.processes.values():
+            try:
+                proc.wait(timeout=max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        self.processes.clear()
+
+    def log_tail(self, component: str, chars: int = 3000) -> str:
+        path = self.home / f"{component}.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    # ------------------------------------------------------------------------------ REST
+    def _password(self) -> str:
+        path = self.home / "simple_auth_manager_passwords.json.generated"
+        return str(json.loads(path.read_text())["admin"])
+
+    def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            if self._token is None:
+                self._token = self._fetch_token()
+            headers["Authorization"] = f"Bearer {self._token}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            raw = response.read()
+        return json.loads(raw) if raw else None
+
+    def _fetch_token(self) -> str:
+        body = {"username": "admin", "password": self._password()}
+        return str(self._request("POST", "/auth/token", body, auth=False)["access_token"])
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        return self._request(method, path, body)
+
+    def wait_for_dag(self, dag_id: str, *, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(urllib.error.HTTPError):
+                dag = self.api("GET", f"/api/v2/dags/{dag_id}")
+                if dag and not dag.get("has_import_errors"):
+                    return
+            time.sleep(1)
+        errors = self.api("GET", "/api/v2/importErrors")
+        raise AssertionError(f"DAG {dag_id} was not parsed within {timeout:.0f}s; import errors: {errors}")
+
+    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None) -> str:
+        run = self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": dict(conf or {})})
+        return str(run["dag_run_id"])
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+        data = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
+        return {ti["task_id"]: ti for ti in data["task_instances"]}
+
+    def watch_run(self, dag_id: str, run_id: str, *, timeout: float = 180, interval: float = 0.5) -> WatchedRun:
+        """Poll the run until it ends, recording every state each task was seen in (in order)."""
+        watched = WatchedRun(dag_id=dag_id, run_id=run_id)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for task_id, ti in self.task_instances(dag_id, run_id).items():
+                watched.observe(task_id, ti)
+            run = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+            watched.run_state = run["state"]
+            if run["state"] in ("success", "failed"):
+                for task_id, ti in self.task_instances(dag_id, run_id).items():
+                    watched.observe(task_id, ti)
+                return watched
+            time.sleep(interval)
+        raise AssertionError(f"run {run_id} of {dag_id} did not finish within {timeout:.0f}s: {watched.states}")
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}?deserialize=true"
+        return self.api("GET", path)["value"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}?full_content=true"
+        data = self.api("GET", path)
+        content = data.get("content", "")
+        if isinstance(content, list):
+            return "\n".join(
+                (item.get("event", "") if isinstance(item, dict) else str(item)) for item in content
+            )
+        return str(content)
+
+
+@dataclass
+class WatchedRun:
+    dag_id: str
+    run_id: str
+    run_state: str | None = None
+    states: dict[str, list[str]] = field(default_factory=dict)
+    last: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def observe(self, task_id: str, ti: Mapping[str, Any]) -> None:
+        seen = self.states.setdefault(task_id, [])
+        state = str(ti.get("state"))
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        self.last[task_id] = dict(ti)
+
+
+@contextlib.contextmanager
+def local_airflow(dags_folder: Path, extra_env: Mapping[str, str] | None = None) -> Iterator[LocalAirflow]:
+    airflow = LocalAirflow(dags_folder=dags_folder, extra_env=dict(extra_env or {}))
+    try:
+        airflow.start()
+        yield airflow
+    finally:
+        airflow.stop()
+        shutil.rmtree(airflow.home, ignore_errors=True)
