@@ -198,9 +198,7 @@ class LocalAirflow:
         data = self.api("GET", path)
         content = data.get("content", "")
         if isinstance(content, list):
-            return "\n".join(
-                (item.get("event", "") if isinstance(item, dict) else str(item)) for item in content
-            )
+            return "\n".join((item.get("event", "") if isinstance(item, dict) else str(item)) for item in content)
         return str(content)
 
 
