@@ -27,6 +27,7 @@ from airflow.triggers.base import (
     TriggerEvent,
 )
 from pydantic import JsonValue
+from typing_extensions import dataclass_transform
 
 from airflow_deferrable_kit.clients import Closer, Factory, Leases
 from airflow_deferrable_kit.extras import require_extra
@@ -80,6 +81,7 @@ def parse_deadline(value: str, *, argument: str = "deadline") -> float:
     return moment.timestamp()
 
 
+@dataclass_transform(kw_only_default=True)
 @dataclasses.dataclass(kw_only=True, eq=False, repr=False)
 class PollingTrigger(BaseTrigger):
     """Poll ``check()`` until it returns :class:`Found`, the deadline passes, or a fatal error.
