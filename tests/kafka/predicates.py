@@ -1,0 +1,36 @@
+"""Importable predicates for the Kafka wait's tests (a predicate crosses to the triggerer by name)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+
+def total_over_100(message: dict[str, Any]) -> bool:
+    """Sync: the sum of the value's ``items`` exceeds 100."""
+    return sum(message["value"].get("items", [])) > 100
+
+
+async def async_status(message: dict[str, Any]) -> str:
+    """Async: map the ``state`` field to success / failure / retry."""
+    await asyncio.sleep(0)
+    state = message["value"].get("state")
+    return {"done": "success", "broken": "failure"}.get(state, "retry")
+
+
+def explodes_on_odd(message: dict[str, Any]) -> bool:
+    """Raises on odd ``n`` (the wait skips and counts those); true on ``n == 10``."""
+    n = message["value"]["n"]
+    if n % 2:
+        raise RuntimeError(f"odd {n}")
+    return n == 10
+
+
+def slow_is_last(message: dict[str, Any]) -> bool:
+    """A slow sync predicate (runs in a worker thread): true on ``last``."""
+    time.sleep(0.002)
+    return bool(message["value"].get("last"))
+
+
+NOT_CALLABLE = 42
