@@ -1,0 +1,86 @@
+"""Wait until an HTTP endpoint says a batch is ready, deferrable, with readiness declared as data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_deferrable_kit.conditions import build_acceptors
+from airflow_deferrable_kit.sensors.base import DeferrableSensor
+from airflow_deferrable_kit.triggers.http import (
+    DEFAULT_EXCERPT_CHARS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REQUEST_TIMEOUT,
+    MATCHERS,
+    HttpBatchReadyTrigger,
+)
+
+
+class HttpBatchReadySensor(DeferrableSensor):
+    """Succeed when ``endpoint`` on ``http_conn_id`` answers that the batch is ready.
+
+    Readiness is declared as data, so the wait defers even with a custom condition:
+
+    :param success: conditions meaning "ready", e.g. ``[{"path": "state", "equals": "ready"}]``
+        or ``[{"status": 200}]``.
+    :param failure: conditions meaning "will never be ready": the task fails at once with the
+        body excerpt, e.g. ``[{"path": "state", "in": ["failed", "cancelled"]}]``.
+    :param retry: conditions meaning "not yet", tried before ``success``.
+    :param acceptors: the same rules in canonical form
+        (``{"state", "matcher", "argument", "comparator", "expected"}``), tried first.
+    :param predicate: ``"pkg.module:function"`` for what data cannot express (sync or async).
+
+    With no success condition and no predicate, any 2xx response no condition decided is ready.
+    Other parameters (``endpoint``, ``method``, ``query``, ``json_body``, ``not_yet_codes``,
+    ``select``, ``request_timeout``, ``max_body_bytes``, ``excerpt_chars``) are those of
+    :class:`~airflow_deferrable_kit.triggers.http.HttpBatchReadyTrigger`. Templated:
+    ``http_conn_id``, ``endpoint``, ``method``, ``query``, ``json_body`` and the conditions.
+    """
+
+    trigger_class = HttpBatchReadyTrigger
+    template_fields: Sequence[str] = ("http_conn_id", "endpoint", "method", "query", "json_body", "acceptors")
+    template_fields_renderers = {"query": "json", "json_body": "json", "acceptors": "json"}
+
+    def __init__(
+        self,
+        *,
+        endpoint: str = "",
+        http_conn_id: str = "http_default",
+        method: str = "GET",
+        query: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        success: Sequence[Mapping[str, Any]] | None = None,
+        failure: Sequence[Mapping[str, Any]] | None = None,
+        retry: Sequence[Mapping[str, Any]] | None = None,
+        acceptors: Sequence[Mapping[str, Any]] | None = None,
+        predicate: str | None = None,
+        not_yet_codes: Sequence[int] | None = None,
+        select: Sequence[str] | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        excerpt_chars: int = DEFAULT_EXCERPT_CHARS,
+        **kwargs: Any,
+    ) -> None:
+        # One canonical list on the trigger, whatever mix of sugar and canonical form was given.
+        canonical = build_acceptors(
+            matchers=MATCHERS, acceptors=acceptors, success=success, failure=failure, retry=retry
+        )
+        optional: dict[str, Any] = {}
+        if not_yet_codes is not None:
+            optional["not_yet_codes"] = list(not_yet_codes)
+        if select is not None:
+            optional["select"] = list(select)
+        super().__init__(
+            endpoint=endpoint,
+            http_conn_id=http_conn_id,
+            method=method,
+            query=dict(query) if isinstance(query, Mapping) else query,
+            json_body=json_body,
+            acceptors=canonical,
+            predicate=predicate,
+            request_timeout=request_timeout,
+            max_body_bytes=max_body_bytes,
+            excerpt_chars=excerpt_chars,
+            **optional,
+            **kwargs,
+        )

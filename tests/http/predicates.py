@@ -1,0 +1,27 @@
+"""Importable predicates for the HTTP wait's tests (a predicate is named by a dotted path)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+#: Names of the threads sync predicates ran in (to prove they never run on the event loop's thread).
+SYNC_THREADS: list[str] = []
+
+
+def even_count_ready(response: dict[str, Any]) -> bool:
+    """Sync: ready once the body's ``count`` is a positive even number."""
+    SYNC_THREADS.append(threading.current_thread().name)
+    count = (response["json"] or {}).get("count", 0)
+    return count > 0 and count % 2 == 0
+
+
+async def header_says(response: dict[str, Any]) -> str:
+    """Async: the server's ``X-Batch`` header decides."""
+    await asyncio.sleep(0)
+    return {"done": "success", "broken": "failure"}.get(response["headers"].get("X-Batch", ""), "retry")
+
+
+def explodes(response: dict[str, Any]) -> bool:
+    raise RuntimeError("predicate bug")
