@@ -2,10 +2,17 @@
 
 Triggers carry only a ``conn_id``; credentials are looked up where the trigger runs, through
 Airflow's async connection API, so no secret is ever stored in trigger kwargs.
+
+Two things keep the lookup off the loop's critical path: Airflow's lookup machinery is imported
+once in a worker thread (its first import would otherwise stall the loop), and concurrent
+lookups of one ``conn_id`` are merged, so a thousand triggers starting together make one lookup
+(some secrets backends run on Airflow's single shared sync thread).
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit.payload import FatalError
@@ -13,20 +20,49 @@ from airflow_deferrable_kit.payload import FatalError
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
+_in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+_imported = False
+
+
+def _import_lookup_machinery() -> None:
+    import airflow.sdk.execution_time.context
+    import airflow.sdk.execution_time.supervisor  # noqa: F401
+    from airflow.sdk import BaseHook  # noqa: F401
+
 
 async def get_connection(conn_id: str, *, argument: str = "conn_id") -> Connection:
     """Return the Airflow connection ``conn_id``; an unknown id is a fatal, clearly named error."""
+    global _imported
+    if not _imported:
+        await asyncio.to_thread(_import_lookup_machinery)
+        _imported = True
+    loop = asyncio.get_running_loop()
+    pending = _in_flight.setdefault(loop, {})
+    lookup = pending.get(conn_id)
+    if lookup is None:
+        lookup = pending[conn_id] = asyncio.ensure_future(_lookup(conn_id))
+        lookup.add_done_callback(lambda _: pending.pop(conn_id, None))
+    try:
+        conn: Connection = await asyncio.shield(lookup)
+    except LookupError as exc:
+        raise FatalError(
+            f"{argument}={conn_id!r}: no Airflow connection with this id is defined "
+            "(create it in the UI, an AIRFLOW_CONN_* variable or a secrets backend)",
+            error_type="connection_not_found",
+        ) from exc
+    return conn
+
+
+async def _lookup(conn_id: str) -> Connection:
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
         return await BaseHook.aget_connection(conn_id)
     except AirflowNotFoundException as exc:
-        raise FatalError(
-            f"{argument}={conn_id!r}: no Airflow connection with this id is defined "
-            "(create it in the UI, an AIRFLOW_CONN_* variable or a secrets backend)",
-            error_type="connection_not_found",
-        ) from exc
+        raise LookupError(conn_id) from exc
 
 
 async def get_extra(conn: Connection) -> dict[str, Any]:
