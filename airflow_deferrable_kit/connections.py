@@ -27,9 +27,15 @@ _imported = False
 
 
 def _import_lookup_machinery() -> None:
-    import airflow.sdk.execution_time.context
-    import airflow.sdk.execution_time.supervisor  # noqa: F401
+    """Import (and load the secrets backends of) Airflow's lookup path, in a worker thread."""
+    import airflow.sdk.definitions.connection
+    import airflow.sdk.execution_time.cache
+    import airflow.sdk.execution_time.context  # noqa: F401
+    import asgiref.sync  # noqa: F401
     from airflow.sdk import BaseHook  # noqa: F401
+    from airflow.sdk.execution_time.supervisor import ensure_secrets_backend_loaded
+
+    ensure_secrets_backend_loaded()
 
 
 async def get_connection(conn_id: str, *, argument: str = "conn_id") -> Connection:

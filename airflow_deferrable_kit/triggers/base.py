@@ -159,6 +159,10 @@ class PollingTrigger(BaseTrigger):
         """A short human description for the log line written when the wait starts."""
         return type(self).__name__
 
+    async def pause(self, delay: float) -> None:
+        """Sleep between polls; override to wake early (e.g. on a LISTEN/NOTIFY notification)."""
+        await self.clock.sleep(delay)
+
     async def lease(self, key: Hashable, factory: Factory, close: Closer) -> Any:
         """A client shared with every trigger using the same ``key`` in this loop, held until exit."""
         return await self._leases.get(key, factory, close)
@@ -240,7 +244,7 @@ class PollingTrigger(BaseTrigger):
             left = self.seconds_left()
             if left is not None:
                 delay = min(delay, max(left, 0.0))
-            await self.clock.sleep(delay)
+            await self.pause(delay)
 
     async def _check_before(self, left: float | None) -> Found | object | None:
         """Run one check, abandoning it if the deadline passes while it is in flight."""

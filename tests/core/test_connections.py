@@ -21,7 +21,9 @@ async def test_unknown_conn_id_is_a_fatal_error_naming_the_argument() -> None:
 async def test_a_thousand_concurrent_lookups_resolve_once_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(
         "AIRFLOW_CONN_SHARED_LOOKUP",
-        json.dumps({"conn_type": "http", "host": "example.invalid", "password": "s3cr3t", "extra": {"k": "v"}}),
+        json.dumps(
+            {"conn_type": "http", "host": "example.invalid", "password": "s3cr3t", "extra": {"region": "eu-west-1"}}
+        ),
     )
     from airflow.sdk import BaseHook
 
@@ -38,5 +40,5 @@ async def test_a_thousand_concurrent_lookups_resolve_once_without_blocking(monke
         results = await asyncio.gather(*(connections.get_connection("shared_lookup") for _ in range(1000)))
     assert {c.host for c in results} == {"example.invalid"}
     assert calls == 1
-    assert await connections.get_extra(results[0]) == {"k": "v"}
+    assert await connections.get_extra(results[0]) == {"region": "eu-west-1"}
     assert blocked == []
