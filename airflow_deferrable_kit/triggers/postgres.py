@@ -1,0 +1,683 @@
+"""Wait for a Postgres "batch marker": a row that says a batch is ready (or failed).
+
+Two ways to say what to wait for, both compiled into one read-only query plus acceptors, so
+the trigger and the sensor's poke path run the very same check:
+
+* declarative: ``table`` (optionally ``schema.table``), ``match`` (column -> value), and an
+  optional ``status_column`` with ``ready_values`` / ``failed_values``. Identifiers are
+  validated and quoted; values are always bound parameters.
+* custom SQL: ``sql`` with ``$1, $2, ...`` bound to ``parameters``. The first row decides.
+
+Acceptors (``success`` / ``failure`` / ``retry`` or canonical ``acceptors``) look at the row as a
+JSON document: ``{"column": "state", "equals": "done"}`` or ``{"path": "meta.state", ...}`` for a
+json/jsonb column. Without acceptors, any row means success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import decimal
+import json
+import re
+import ssl
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import field
+from typing import TYPE_CHECKING, Any
+
+from airflow_deferrable_kit._postgres_client import close_listener, close_pool, open_pool, start_listener
+from airflow_deferrable_kit.conditions import (
+    MISSING,
+    Acceptor,
+    Decision,
+    build_acceptors,
+    decide,
+    load_acceptors,
+    lookup,
+    run_predicate,
+    validate_predicate_path,
+)
+from airflow_deferrable_kit.payload import (
+    ConditionFailed,
+    FatalError,
+    Found,
+    PayloadError,
+    TransientError,
+    WaitError,
+    json_safe,
+    truncate_text,
+)
+from airflow_deferrable_kit.triggers.base import PollingTrigger
+
+if TYPE_CHECKING:
+    import asyncpg
+
+#: What acceptors may look at: a column by name, or a JSON path into the row (json columns decoded).
+MATCHERS = {"column": True, "path": True}
+#: The matched row's share of the payload; long values are cut, then trailing columns dropped.
+ROW_LIMIT_BYTES = 32 * 1024
+VALUE_LIMIT_CHARS = 2048
+#: After a notification woke a waiter, the next wake-up waits at least this long (a NOTIFY
+#: storm must not become a query storm).
+WAKE_MIN_GAP = 0.25
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+_ORDER = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_$]*)(?:\s+(asc|desc))?\s*", re.IGNORECASE)
+_SCALARS = (str, int, float, bool)
+
+
+# ---------------------------------------------------------------------------- identifiers
+def check_identifier(value: Any, *, argument: str) -> str:
+    """A plain SQL identifier (letters, digits, ``_``, ``$``; at most 63 bytes) or ValueError."""
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value) or len(value.encode()) > 63:
+        raise ValueError(
+            f"{argument} must be a plain identifier (letters, digits, _ or $, not starting with a digit, "
+            f"at most 63 characters), got {value!r}"
+        )
+    return value
+
+
+def quote_identifier(name: str) -> str:
+    """Quote a validated identifier; quoting keeps its case and makes keywords usable as names."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def parse_table(table: Any) -> tuple[str, ...]:
+    """``"table"`` or ``"schema.table"``, each part a plain identifier."""
+    if not isinstance(table, str):
+        raise ValueError(f"table must be a string such as 'public.batch_markers', got {type(table).__name__}")
+    parts = table.split(".")
+    if len(parts) > 2:
+        raise ValueError(f"table must be 'table' or 'schema.table', got {table!r}")
+    return tuple(check_identifier(part, argument="table") for part in parts)
+
+
+def parse_order_by(order_by: Any) -> list[tuple[str, str]]:
+    """``["created_at desc", "id"]`` -> ``[("created_at", "DESC"), ("id", "ASC")]``."""
+    if not isinstance(order_by, list):
+        raise ValueError(f"order_by must be a list such as ['created_at desc'], got {order_by!r}")
+    out = []
+    for i, item in enumerate(order_by):
+        found = _ORDER.fullmatch(item) if isinstance(item, str) else None
+        if found is None:
+            raise ValueError(f"order_by[{i}] must be 'column' or 'column asc|desc', got {item!r}")
+        out.append((check_identifier(found.group(1), argument=f"order_by[{i}]"), (found.group(2) or "asc").upper()))
+    return out
+
+
+def validate_identifiers(
+    *,
+    table: Any = None,
+    match: Any = None,
+    status_column: Any = None,
+    order_by: Any = None,
+    notify_channel: Any = None,
+    skip: Callable[[Any], bool] = lambda value: False,
+) -> None:
+    """Check every identifier that is known now; ``skip(value)`` marks values still templated.
+
+    The sensor calls this at DAG parse even when some other argument is a template, so an
+    injection attempt in an identifier never reaches a worker. Match keys are never templated.
+    """
+    if table is not None and not skip(table):
+        parse_table(table)
+    if isinstance(match, dict):
+        for key in match:
+            check_identifier(key, argument=f"match key {key!r}")
+    if status_column is not None and not skip(status_column):
+        check_identifier(status_column, argument="status_column")
+    if order_by is not None and not skip(order_by):
+        parse_order_by(order_by)
+    if notify_channel is not None and not skip(notify_channel):
+        check_identifier(notify_channel, argument="notify_channel")
+
+
+def _check_scalar(value: Any, *, argument: str, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, _SCALARS):
+        raise ValueError(f"{argument} must be a string, number or boolean, got {value!r}")
+
+
+def _check_values(values: Any, *, argument: str) -> None:
+    if not isinstance(values, list):
+        raise ValueError(f"{argument} must be a list of values, got {values!r}")
+    for i, value in enumerate(values):
+        _check_scalar(value, argument=f"{argument}[{i}]", allow_none=False)
+
+
+# ------------------------------------------------------------------------------- compiling
+def compile_marker_query(
+    *,
+    table: str,
+    match: dict[str, Any],
+    status_column: str | None = None,
+    ready_values: Sequence[Any] = (),
+    failed_values: Sequence[Any] = (),
+    order_by: Sequence[str] = (),
+) -> tuple[str, list[Any], list[str]]:
+    """Compile the declarative form into ``(sql, args, labels)``; labels name each argument.
+
+    Without ``order_by`` and with a status column, decisive rows come first (ready before
+    failed), so a running attempt next to a finished one never hides the finished one. With
+    ``order_by`` the first row in that order decides (e.g. the newest attempt).
+    """
+    args: list[Any] = []
+    labels: list[str] = []
+
+    def bind(value: Any, label: str) -> str:
+        args.append(value)
+        labels.append(label)
+        return f"${len(args)}"
+
+    conditions = []
+    for column, value in match.items():
+        name = quote_identifier(column)
+        if value is None:
+            conditions.append(f"{name} IS NULL")
+        elif isinstance(value, list):
+            options = ", ".join(bind(item, f"match[{column!r}][{i}]") for i, item in enumerate(value))
+            conditions.append(f"{name} IN ({options})")
+        else:
+            conditions.append(f"{name} = {bind(value, f'match[{column!r}]')}")
+    sql = "SELECT * FROM " + ".".join(quote_identifier(part) for part in parse_table(table))
+    if conditions:
+        sql += " WHERE " + " AND ".join(conditions)
+    if order_by:
+        sql += " ORDER BY " + ", ".join(f"{quote_identifier(c)} {d}" for c, d in parse_order_by(list(order_by)))
+    elif status_column is not None and (ready_values or failed_values):
+        status = quote_identifier(status_column)
+        ranks = []
+        for rank, (name, values) in enumerate((("ready_values", ready_values), ("failed_values", failed_values))):
+            if values:
+                options = ", ".join(bind(v, f"{name}[{i}]") for i, v in enumerate(values))
+                ranks.append(f"WHEN {status} IN ({options}) THEN {rank}")
+        sql += f" ORDER BY CASE {' '.join(ranks)} ELSE 2 END"
+    return sql + " LIMIT 1", args, labels
+
+
+# -------------------------------------------------------------------------- bound values
+_TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "name", "citext", "char"})
+_INT_TYPES = frozenset({"int2", "int4", "int8", "oid"})
+_FLOAT_TYPES = frozenset({"float4", "float8"})
+
+
+def _parse_datetime(value: str, *, aware: bool) -> dt.datetime:
+    moment = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    if aware:
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return moment
+
+
+def _parse_date(value: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(value.strip())
+    except ValueError:
+        return dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00")).date()
+
+
+def _coerce_scalar(value: Any, type_name: str) -> Any:
+    """Turn a JSON value into what asyncpg expects for ``type_name`` (e.g. ``"{{ ds }}"`` -> date)."""
+    if isinstance(value, bool):
+        if type_name in _TEXT_TYPES:
+            return "true" if value else "false"
+        return value
+    if isinstance(value, str):
+        if type_name == "date":
+            return _parse_date(value)
+        if type_name in ("timestamp", "timestamptz"):
+            return _parse_datetime(value, aware=type_name == "timestamptz")
+        if type_name in ("time", "timetz"):
+            return dt.time.fromisoformat(value.strip())
+        if type_name == "numeric":
+            return decimal.Decimal(value.strip())
+        if type_name in _INT_TYPES:
+            return int(value.strip())
+        if type_name in _FLOAT_TYPES:
+            return float(value.strip())
+        if type_name == "uuid":
+            return uuid.UUID(value.strip())
+        if type_name == "bool":
+            lowered = value.strip().lower()
+            if lowered in ("true", "t", "yes", "y", "on", "1"):
+                return True
+            if lowered in ("false", "f", "no", "n", "off", "0"):
+                return False
+            raise ValueError("not a boolean")
+        return value
+    if isinstance(value, (int, float)):
+        if type_name in _TEXT_TYPES:
+            return str(value)
+        if type_name == "numeric":
+            return decimal.Decimal(str(value))
+        if type_name in _INT_TYPES and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if type_name in _FLOAT_TYPES:
+            return float(value)
+        if type_name == "interval":
+            return dt.timedelta(seconds=value)
+    return value
+
+
+def coerce_arguments(values: Sequence[Any], types: Sequence[Any], labels: Sequence[str]) -> list[Any]:
+    """Convert bound values to the types the server inferred for ``$1..$n``.
+
+    Trigger kwargs are JSON, so a date arrives as ``"2024-01-31"``; asyncpg wants a ``date``.
+    A value that cannot be converted is a fatal error naming the argument.
+    """
+    if len(values) != len(types):
+        raise FatalError(
+            f"the query has {len(types)} placeholder(s) ($1..${len(types)}) but {len(values)} value(s) were given",
+            error_type="bad_parameters",
+        )
+    out = []
+    for value, typ, label in zip(values, types, labels, strict=True):
+        try:
+            if value is None or typ.name in ("json", "jsonb"):
+                out.append(value)
+            elif typ.kind == "array" and isinstance(value, list):
+                element = typ.name.removesuffix("[]").removeprefix("_")
+                out.append([None if item is None else _coerce_scalar(item, element) for item in value])
+            else:
+                out.append(_coerce_scalar(value, typ.name))
+        except (ValueError, ArithmeticError) as exc:
+            raise FatalError(
+                f"{label}={value!r} is not a valid {typ.name} value: {exc}", error_type="bad_parameters"
+            ) from exc
+    return out
+
+
+# ------------------------------------------------------------------------------ the row
+def _cell(value: Any) -> Any:
+    """A JSON-safe form of one column value (ranges as objects, inet and the like as text)."""
+    if isinstance(value, dict):
+        return {str(k): _cell(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):  # arrays, and geometric types (tuples of points)
+        return [_cell(v) for v in value]
+    if hasattr(value, "isempty") and hasattr(value, "lower_inc"):  # asyncpg.Range
+        return {
+            "lower": _cell(value.lower),
+            "upper": _cell(value.upper),
+            "lower_inc": value.lower_inc,
+            "upper_inc": value.upper_inc,
+            "empty": value.isempty,
+        }
+    if hasattr(value, "as_string"):  # asyncpg.BitString
+        return str(value.as_string())
+    try:
+        return json_safe(value)
+    except PayloadError:
+        return str(value)  # ipaddress objects and anything else with a faithful text form
+
+
+def row_document(record: Any) -> dict[str, Any]:
+    """The row as a JSON object: timestamps ISO 8601, Decimal/UUID strings, bytes base64."""
+    return {str(key): _cell(value) for key, value in record.items()}
+
+
+def cap_row(row: dict[str, Any], *, limit: int = ROW_LIMIT_BYTES) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Fit the row into ``limit`` bytes of JSON: cut long values, then drop trailing columns."""
+
+    def size(value: Any) -> int:
+        return len(json.dumps(value, separators=(",", ":")))
+
+    if size(row) <= limit:
+        return row, [], []
+    capped: dict[str, Any] = {}
+    truncated: list[str] = []
+    for key, value in row.items():
+        if size(value) > VALUE_LIMIT_CHARS:
+            text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+            capped[key] = truncate_text(text, VALUE_LIMIT_CHARS)
+            truncated.append(key)
+        else:
+            capped[key] = value
+    omitted: list[str] = []
+    while capped and size(capped) > limit:
+        key = next(reversed(capped))
+        del capped[key]
+        omitted.insert(0, key)
+    return capped, truncated, omitted
+
+
+def value_in_row(row: dict[str, Any], acceptor: Acceptor) -> Any:
+    """What an acceptor looks at: a column by name, or a JSON path into the row."""
+    if acceptor.matcher == "column":
+        return row.get(acceptor.argument or "", MISSING)
+    return lookup(row, acceptor.argument or "")
+
+
+# -------------------------------------------------------------------------- classification
+_TRANSIENT_CLASSES = {
+    "08": "connection",
+    "40": "transaction_rollback",
+    "53": "insufficient_resources",
+    "57": "server_unavailable",
+    "58": "system_error",
+}
+_TRANSIENT_STATES = {
+    "40001": "serialization_failure",
+    "40P01": "deadlock",
+    "53300": "too_many_connections",
+    "57014": "query_canceled",
+    "57P01": "server_restarting",
+    "57P02": "server_restarting",
+    "57P03": "server_restarting",
+    "55P03": "lock_not_available",
+    "55006": "object_in_use",
+    "25P03": "idle_in_transaction_timeout",
+}
+_FATAL_STATES = {
+    "42601": "syntax_error",
+    "42P01": "undefined_table",
+    "42703": "undefined_column",
+    "42883": "undefined_function",
+    "42501": "permission_denied",
+    "28P01": "authentication_failed",
+    "28000": "authentication_failed",
+    "3D000": "unknown_database",
+    "3F000": "unknown_schema",
+    "25006": "read_only",
+}
+_FATAL_CLASSES = {"42": "sql_error", "22": "data_error", "28": "authentication_failed"}
+
+
+def classify_postgres_error(exc: BaseException) -> WaitError | None:
+    """Transient or fatal for asyncpg's errors; ``None`` if ``exc`` is not one of them."""
+    import asyncpg
+
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(getattr(exc, "sqlstate", "") or "")
+        message = f"{type(exc).__name__} (SQLSTATE {state}): {exc}"
+        if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
+            return TransientError(message, error_type="schema_changed")
+        if state in _TRANSIENT_STATES or state[:2] in _TRANSIENT_CLASSES:
+            return TransientError(message, error_type=_TRANSIENT_STATES.get(state) or _TRANSIENT_CLASSES[state[:2]])
+        if state == "25006":
+            message += " (waits run in read-only sessions: the query must not write)"
+        if "invalid input for query argument" in str(exc):
+            return FatalError(f"a bound value does not fit its placeholder: {exc}", error_type="bad_parameters")
+        error_type = _FATAL_STATES.get(state) or _FATAL_CLASSES.get(state[:2], "postgres_error")
+        return FatalError(message, error_type=error_type)
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return FatalError(f"bad connection settings: {exc}", error_type="bad_connection_config")
+    if isinstance(exc, asyncpg.InterfaceError):
+        text = str(exc)
+        if "closed" in text or "pool is closing" in text or "another operation is in progress" in text:
+            return TransientError(f"{type(exc).__name__}: {text}", error_type="connection")
+        return FatalError(f"{type(exc).__name__}: {text}", error_type="client_error")
+    if isinstance(exc, asyncpg.exceptions.OutdatedSchemaCacheError):
+        return TransientError(f"{type(exc).__name__}: {exc}", error_type="schema_changed")
+    if isinstance(exc, asyncpg.exceptions.ProtocolError):
+        return FatalError(f"{type(exc).__name__}: {exc}", error_type="protocol_error")
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        # E.g. "cannot switch to state 12; another operation (2) is in progress": the server
+        # sent an unsolicited error (shutdown) and the connection is being torn down.
+        return TransientError(f"{type(exc).__name__}: {exc}", error_type="connection")
+    if isinstance(exc, ssl.SSLCertVerificationError) or (
+        isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc)
+    ):
+        return FatalError(f"TLS setup failed: {exc}", error_type="ssl")
+    return None
+
+
+# --------------------------------------------------------------------------- wake-ups
+# ------------------------------------------------------------------------------ trigger
+class PostgresBatchMarkerTrigger(PollingTrigger):
+    """Poll one read-only query until its first row satisfies the acceptors.
+
+    :param postgres_conn_id: Airflow connection (type ``postgres``); credentials stay there.
+    :param table: ``"table"`` or ``"schema.table"`` (declarative form).
+    :param match: column -> value (``None`` means IS NULL, a list means IN); always bound.
+    :param status_column: column holding the marker's state; needs ``ready_values``.
+    :param ready_values: states meaning the batch is ready (success).
+    :param failed_values: states meaning the batch failed (error event, no retry).
+    :param order_by: which matching row decides, e.g. ``["created_at desc"]``.
+    :param sql: custom query (instead of ``table``) with ``$1..$n`` placeholders.
+    :param parameters: values bound to ``$1..$n`` of ``sql``.
+    :param acceptors: canonical acceptors; ``success`` / ``failure`` / ``retry`` are sugar.
+    :param predicate: ``"pkg.module:function"`` receiving the row when no acceptor decided.
+    :param notify_channel: a LISTEN channel whose notifications trigger an immediate re-check.
+    :param statement_timeout: seconds a poll may wait for a pooled connection and for its query.
+    """
+
+    postgres_conn_id: str = "postgres_default"
+    table: str | None = None
+    match: dict[str, Any] = field(default_factory=dict)
+    status_column: str | None = None
+    ready_values: list[Any] = field(default_factory=list)
+    failed_values: list[Any] = field(default_factory=list)
+    order_by: list[str] = field(default_factory=list)
+    sql: str | None = None
+    parameters: list[Any] = field(default_factory=list)
+    acceptors: list[dict[str, Any]] = field(default_factory=list)
+    success: list[dict[str, Any]] = field(default_factory=list)
+    failure: list[dict[str, Any]] = field(default_factory=list)
+    retry: list[dict[str, Any]] = field(default_factory=list)
+    predicate: str | None = None
+    notify_channel: str | None = None
+    statement_timeout: float = 30.0
+
+    extra = "postgres"
+    extra_modules = ("asyncpg",)
+
+    # -------------------------------------------------------------------- validation
+    def validate(self) -> None:
+        if not isinstance(self.postgres_conn_id, str) or not self.postgres_conn_id:
+            raise ValueError(f"postgres_conn_id must be a non-empty string, got {self.postgres_conn_id!r}")
+        if (self.table is None) == (self.sql is None):
+            raise ValueError("give exactly one of table=... (declarative) or sql=... (custom query)")
+        timeout = self.statement_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"statement_timeout must be a positive number of seconds, got {timeout!r}")
+        validate_identifiers(
+            table=self.table,
+            match=self.match,
+            status_column=self.status_column,
+            order_by=self.order_by,
+            notify_channel=self.notify_channel,
+        )
+        if self.predicate is not None:
+            validate_predicate_path(self.predicate)
+        for name in ("acceptors", "success", "failure", "retry"):
+            if not isinstance(getattr(self, name), list):
+                raise ValueError(f"{name} must be a list of conditions, got {getattr(self, name)!r}")
+        success, failure = list(self.success), list(self.failure)
+        if self.table is not None:
+            self._validate_declarative()
+            if self.status_column is not None:
+                if self.failed_values:
+                    failure.insert(0, {"column": self.status_column, "in": self.failed_values})
+                success.insert(0, {"column": self.status_column, "in": self.ready_values})
+            self._sql, self._args, self._labels = compile_marker_query(
+                table=self.table,
+                match=self.match,
+                status_column=self.status_column,
+                ready_values=self.ready_values,
+                failed_values=self.failed_values,
+                order_by=self.order_by,
+            )
+        else:
+            self._validate_custom()
+        canonical = build_acceptors(
+            matchers=MATCHERS, acceptors=self.acceptors, success=success, failure=failure, retry=self.retry
+        )
+        self._acceptors: list[Acceptor] = load_acceptors(canonical, matchers=MATCHERS)
+        self._bound: list[Any] | None = None
+
+    def _validate_declarative(self) -> None:
+        if self.parameters:
+            raise ValueError("parameters is only used with sql=...; with table=... use match")
+        if not isinstance(self.match, dict):
+            raise ValueError(f"match must be an object of column -> value, got {self.match!r}")
+        for column, value in self.match.items():
+            if isinstance(value, list):
+                if not value:
+                    raise ValueError(f"match[{column!r}] is an empty list, which can never match")
+                _check_values(value, argument=f"match[{column!r}]")
+            else:
+                _check_scalar(value, argument=f"match[{column!r}]", allow_none=True)
+        _check_values(self.ready_values, argument="ready_values")
+        _check_values(self.failed_values, argument="failed_values")
+        if self.status_column is None:
+            for name in ("ready_values", "failed_values"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} needs status_column, the column that holds the state")
+        elif not self.ready_values:
+            raise ValueError("status_column needs ready_values, the states that mean the batch is ready")
+
+    def _validate_custom(self) -> None:
+        for name in ("match", "status_column", "ready_values", "failed_values", "order_by"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is only used with table=...; with sql=... write it in the query")
+        if not isinstance(self.sql, str) or not self.sql.strip().rstrip(";").strip():
+            raise ValueError(f"sql must be a non-empty query string, got {self.sql!r}")
+        if not isinstance(self.parameters, list):
+            raise ValueError(f"parameters must be a list bound to $1, $2, ..., got {self.parameters!r}")
+        self._sql = self.sql.strip().rstrip(";").rstrip()
+        self._args = list(self.parameters)
+        self._labels = [f"parameters[{i}]" for i in range(len(self._args))]
+
+    def describe(self) -> str:
+        if self.table is not None:
+            where = " AND ".join(f"{column}={value!r}" for column, value in self.match.items())
+            what = f"{self.table}" + (f" where {where}" if where else "")
+            if self.status_column is not None:
+                what += f" with {self.status_column} in {self.ready_values!r}"
+            return f"Postgres marker row in {what} ({self.postgres_conn_id})"
+        return f"Postgres query {truncate_text(' '.join(self._sql.split()), 120)!r} ({self.postgres_conn_id})"
+
+    # ----------------------------------------------------------------------- the check
+    async def _pool(self) -> asyncpg.Pool:
+        conn_id = self.postgres_conn_id
+        pool: asyncpg.Pool = await self.lease(("postgres-pool", conn_id), lambda: open_pool(conn_id), close_pool)
+        return pool
+
+    async def fetch_row(self) -> Any:
+        """Run the query once on a pooled connection, held only for this query."""
+        pool = await self._pool()
+        timeout = float(self.statement_timeout)
+        try:
+            connection = await pool.acquire(timeout=timeout)
+        except asyncio.TimeoutError as exc:
+            raise TransientError(
+                f"no Postgres connection within statement_timeout={timeout}s "
+                "(every pooled connection busy, or the server not answering)",
+                error_type="pool_timeout",
+            ) from exc
+        try:
+            try:
+                if self._bound is None:
+                    statement = await connection.prepare(self._sql, timeout=timeout)
+                    self._bound = coerce_arguments(self._args, statement.get_parameters(), self._labels)
+                    return await statement.fetchrow(*self._bound, timeout=timeout)
+                return await connection.fetchrow(self._sql, *self._bound, timeout=timeout)
+            except asyncio.TimeoutError as exc:
+                raise TransientError(
+                    f"the query ran longer than statement_timeout={timeout}s and was cancelled",
+                    error_type="statement_timeout",
+                ) from exc
+        finally:
+            await pool.release(connection)
+
+    async def check(self) -> Found | None:
+        record = await self.fetch_row()
+        if record is None:
+            return None
+        row = row_document(record)
+        decision: Decision | None = None
+        state = "success"
+        if self._acceptors:
+            decision, observed = decide(self._acceptors, lambda acceptor: value_in_row(row, acceptor))
+            state = decision.state if decision is not None else "retry"
+            if decision is None:
+                self.log.debug("Row found but no acceptor decided yet: %s", observed)
+        if decision is None and self.predicate is not None:
+            state = await run_predicate(self.predicate, row)
+        if state == "retry":
+            return None
+        capped, truncated, omitted = cap_row(row)
+        data: dict[str, Any] = {"row": capped, "postgres_conn_id": self.postgres_conn_id}
+        if self.table is not None:
+            data["table"] = self.table
+        else:
+            data["sql"] = truncate_text(self._sql, 1000)
+        if decision is not None:
+            data["matched"] = decision.as_dict()
+        if truncated:
+            data["truncated_columns"] = truncated
+        if omitted:
+            data["omitted_columns"] = omitted
+        if state == "failure":
+            reason = f"{decision.acceptor.label()} = {row_value(decision)}" if decision else "the predicate said so"
+            raise ConditionFailed(f"{self.describe()}: the batch marker reports failure ({reason})", details=data)
+        return Found(data)
+
+    def classify_error(self, exc: Exception) -> WaitError:
+        if isinstance(exc, WaitError):
+            return exc
+        return classify_postgres_error(exc) or super().classify_error(exc)
+
+    # ------------------------------------------------------------- LISTEN/NOTIFY wake-ups
+    async def wait(self) -> dict[str, Any]:
+        """Poll as usual; with ``notify_channel``, a notification cuts the current sleep short."""
+        if self.notify_channel is None:
+            return await super().wait()
+        conn_id, channel = self.postgres_conn_id, self.notify_channel
+        listener = await self.lease(
+            ("postgres-listener", conn_id, channel), lambda: start_listener(conn_id, channel), close_listener
+        )
+        wake = asyncio.Event()
+        self._wake: asyncio.Event | None = wake
+        self._last_wake: float | None = None
+        listener.subscribe(wake)
+        try:
+            return await super().wait()
+        finally:
+            listener.unsubscribe(wake)
+            self._wake = None
+
+    async def pause(self, delay: float) -> None:
+        """Sleep, unless a notification on the channel cuts it short (at most one per 0.25 s)."""
+        wake = getattr(self, "_wake", None)
+        if wake is None:
+            await self.clock.sleep(delay)
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if not wake.is_set():
+            sleeper = asyncio.ensure_future(self.clock.sleep(delay))
+            waker = asyncio.ensure_future(wake.wait())
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (sleeper, waker):
+                    task.cancel()
+                await asyncio.gather(sleeper, waker, return_exceptions=True)
+            if not wake.is_set():
+                return
+        if self._last_wake is not None:
+            # Rate-limit wake-ups: one inside the gap after the previous one waits for its end.
+            gap = self._last_wake + WAKE_MIN_GAP - loop.time()
+            remaining = delay - (loop.time() - started)
+            if gap > 0 and remaining > 0:
+                await self.clock.sleep(min(gap, remaining))
+        wake.clear()
+        self._last_wake = loop.time()
+
+
+def row_value(decision: Decision) -> str:
+    """The decisive value, short enough for an error message."""
+    return truncate_text(json.dumps(decision.as_dict()["actual"]), 200)
+
+
+__all__ = [
+    "MATCHERS",
+    "PostgresBatchMarkerTrigger",
+    "compile_marker_query",
+    "quote_identifier",
+    "validate_identifiers",
+]

@@ -1,0 +1,9 @@
+"""An importable predicate, for the one case acceptors cannot express (a comparison)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def enough_rows(row: dict[str, Any]) -> bool:
+    return int((row.get("meta") or {}).get("rows", 0)) >= 5

@@ -1,0 +1,321 @@
+"""Construction-time checks, the compiled SQL, serialization, and the pure helpers (no server)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import asyncpg
+import pytest
+
+from airflow_deferrable_kit._postgres_client import options_from_connection, parse_options
+from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, FatalError, TransientError, build_payload
+from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
+from airflow_deferrable_kit.triggers.postgres import (
+    PostgresBatchMarkerTrigger,
+    cap_row,
+    coerce_arguments,
+    compile_marker_query,
+)
+
+DECLARATIVE: dict[str, Any] = {
+    "postgres_conn_id": "warehouse",
+    "table": "etl.batch_markers",
+    "match": {"batch_id": "orders", "batch_date": "2024-01-31"},
+    "status_column": "status",
+    "ready_values": ["done", "published"],
+    "failed_values": ["failed"],
+}
+CUSTOM: dict[str, Any] = {
+    "postgres_conn_id": "warehouse",
+    "sql": "SELECT state, rows FROM etl.batches WHERE name = $1 AND day = $2",
+    "parameters": ["orders", "2024-01-31"],
+    "success": [{"column": "state", "equals": "ready"}],
+    "failure": [{"column": "state", "in": ["failed", "cancelled"]}],
+    "retry": [{"path": "rows", "equals": 0}],
+}
+
+INJECTIONS = [
+    "markers; DROP TABLE users",
+    'markers" OR 1=1 --',
+    "markers--",
+    "1markers",
+    "a.b.c",
+    "",
+    "mark ers",
+    "markers/*x*/",
+]
+
+
+@pytest.mark.parametrize("table", INJECTIONS)
+def test_injection_in_table_is_rejected_by_the_trigger_and_the_sensor(table: str) -> None:
+    with pytest.raises(ValueError, match="table"):
+        PostgresBatchMarkerTrigger(table=table)
+    with pytest.raises(ValueError, match="table"):
+        PostgresBatchMarkerSensor(task_id="t", table=table)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"match": {"id = 1 OR 1=1 --": 1}}, "match key"),
+        ({"match": {'batch"; DROP TABLE x; --': 1}}, "match key"),
+        ({"status_column": "status; DELETE FROM x", "ready_values": ["done"]}, "status_column"),
+        ({"order_by": ["created_at; DROP TABLE x"]}, r"order_by\[0\]"),
+        ({"order_by": ["created_at desc nulls first"]}, r"order_by\[0\]"),
+        ({"notify_channel": "chan; NOTIFY other"}, "notify_channel"),
+    ],
+)
+def test_injection_in_other_identifiers_is_rejected(arguments: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        PostgresBatchMarkerTrigger(table="markers", **arguments)
+    with pytest.raises(ValueError, match=named):
+        PostgresBatchMarkerSensor(task_id="t", table="markers", **arguments)
+
+
+def test_identifiers_are_checked_at_parse_even_when_other_arguments_are_templates() -> None:
+    # A template elsewhere postpones the full check to run time; identifiers are still checked now.
+    with pytest.raises(ValueError, match="match key"):
+        PostgresBatchMarkerSensor(task_id="t", table="markers", match={"day; DROP TABLE x": "{{ ds }}"})
+    with pytest.raises(ValueError, match="status_column"):
+        PostgresBatchMarkerSensor(
+            task_id="t", table="markers", match={"day": "{{ ds }}"}, status_column="x y", ready_values=["ok"]
+        )
+    sensor = PostgresBatchMarkerSensor(task_id="t", table="markers_{{ ds_nodash }}", match={"day": "{{ ds }}"})
+    assert sensor.table == "markers_{{ ds_nodash }}"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({}, "exactly one of table"),
+        ({"table": "m", "sql": "select 1"}, "exactly one of table"),
+        ({"sql": "  ;  "}, "sql must be a non-empty"),
+        ({"table": "m", "parameters": [1]}, "parameters is only used with sql"),
+        ({"sql": "select 1", "match": {"a": 1}}, "match is only used with table"),
+        ({"sql": "select 1", "status_column": "s"}, "status_column is only used with table"),
+        ({"table": "m", "status_column": "s"}, "status_column needs ready_values"),
+        ({"table": "m", "ready_values": ["ok"]}, "ready_values needs status_column"),
+        ({"table": "m", "status_column": "s", "ready_values": "ok"}, "ready_values must be a list"),
+        ({"table": "m", "status_column": "s", "ready_values": [{"a": 1}]}, r"ready_values\[0\]"),
+        ({"table": "m", "match": {"a": {"b": 1}}}, r"match\['a'\]"),
+        ({"table": "m", "match": {"a": []}}, "empty list"),
+        ({"table": "m", "match": ["a"]}, "match must be an object"),
+        ({"table": "m", "order_by": "created_at"}, "order_by must be a list"),
+        ({"table": "m", "statement_timeout": 0}, "statement_timeout"),
+        ({"table": "m", "postgres_conn_id": ""}, "postgres_conn_id"),
+        ({"table": "m", "predicate": "not a path"}, "predicate"),
+        ({"table": "m", "success": [{"column": "state"}]}, r"success\[0\]"),
+        ({"table": "m", "failure": [{"header": "x", "equals": 1}]}, r"failure\[0\]"),
+        ({"sql": "select 1", "parameters": "abc"}, "parameters must be a list"),
+        ({"sql": "select 1", "success": {"column": "a", "equals": 1}}, "success must be a list"),
+    ],
+)
+def test_bad_arguments_fail_at_construction_naming_the_argument(arguments: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        PostgresBatchMarkerTrigger(**arguments)
+
+
+def test_sensor_reports_bad_arguments_when_the_dag_is_parsed() -> None:
+    with pytest.raises(ValueError, match="status_column needs ready_values"):
+        PostgresBatchMarkerSensor(task_id="t", table="m", status_column="status")
+    with pytest.raises(TypeError, match="Invalid arguments"):
+        PostgresBatchMarkerSensor(task_id="t", table="m", dsn="postgresql://u:p@h/db")  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("arguments", [DECLARATIVE, CUSTOM], ids=["declarative", "custom"])
+def test_serialize_round_trips_exactly_and_is_json(arguments: dict[str, Any]) -> None:
+    trigger = PostgresBatchMarkerTrigger(**arguments, notify_channel="batches", poll_interval=5.0)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_deferrable_kit.triggers.postgres.PostgresBatchMarkerTrigger"
+    assert json.loads(json.dumps(kwargs)) == kwargs
+    rebuilt = PostgresBatchMarkerTrigger(**json.loads(json.dumps(kwargs)))
+    assert rebuilt == trigger
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+def test_declarative_form_compiles_to_quoted_identifiers_and_bound_values() -> None:
+    sql, args, labels = compile_marker_query(
+        table="etl.batch_markers",
+        match={"batch_id": "o'rders; DROP TABLE x", "region": ["eu", "us"], "deleted_at": None},
+        status_column="status",
+        ready_values=["done"],
+        failed_values=["failed", "aborted"],
+    )
+    assert sql == (
+        'SELECT * FROM "etl"."batch_markers" WHERE "batch_id" = $1 AND "region" IN ($2, $3) '
+        'AND "deleted_at" IS NULL ORDER BY CASE WHEN "status" IN ($4) THEN 0 '
+        'WHEN "status" IN ($5, $6) THEN 1 ELSE 2 END LIMIT 1'
+    )
+    assert args == ["o'rders; DROP TABLE x", "eu", "us", "done", "failed", "aborted"]
+    assert labels[0] == "match['batch_id']" and labels[5] == "failed_values[1]"
+    sql, args, _ = compile_marker_query(
+        table="m", match={"a": 1}, status_column="s", ready_values=["ok"], order_by=["created_at desc", "id"]
+    )
+    assert sql == 'SELECT * FROM "m" WHERE "a" = $1 ORDER BY "created_at" DESC, "id" ASC LIMIT 1'
+    assert args == [1]
+
+
+def test_declarative_status_becomes_acceptors_ahead_of_user_ones() -> None:
+    trigger = PostgresBatchMarkerTrigger(**DECLARATIVE, success=[{"path": "meta.ok", "equals": True}])
+    assert [a.as_dict() for a in trigger._acceptors] == [
+        {"state": "failure", "matcher": "column", "argument": "status", "comparator": "in", "expected": ["failed"]},
+        {
+            "state": "success",
+            "matcher": "column",
+            "argument": "status",
+            "comparator": "in",
+            "expected": ["done", "published"],
+        },
+        {"state": "success", "matcher": "path", "argument": "meta.ok", "comparator": "equals", "expected": True},
+    ]
+
+
+def test_parse_options_reads_libpq_style_settings() -> None:
+    assert parse_options("-c search_path=etl,public -cstatement_timeout=5000 --lock-timeout=2s", conn_id="c") == {
+        "search_path": "etl,public",
+        "statement_timeout": "5000",
+        "lock_timeout": "2s",
+    }
+    with pytest.raises(FatalError, match="options"):
+        parse_options("-x nonsense", conn_id="c")
+
+
+def _conn(**fields: Any) -> Any:
+    base = {"host": "db.internal", "port": 6432, "login": "etl", "password": "pw-123456", "schema": "warehouse"}
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_connection_maps_to_asyncpg_arguments() -> None:
+    options = options_from_connection(
+        "wh",
+        _conn(),
+        {
+            "sslmode": "verify-full",
+            "sslrootcert": "/etc/ssl/root.crt",
+            "options": "-c search_path=etl",
+            "application_name": "my-triggerer",
+            "pool_max_size": "2",
+            "connect_timeout": 3,
+        },
+    )
+    assert options.pool_max_size == 2
+    kwargs = options.kwargs
+    assert (kwargs["host"], kwargs["port"], kwargs["user"], kwargs["database"]) == (
+        "db.internal",
+        6432,
+        "etl",
+        "warehouse",
+    )
+    assert kwargs["password"] == "pw-123456"
+    assert kwargs["ssl"] == "verify-full"
+    assert kwargs["dsn"] == "postgresql://?sslrootcert=%2Fetc%2Fssl%2Froot.crt"
+    assert kwargs["timeout"] == 3.0
+    assert kwargs["server_settings"] == {
+        "application_name": "my-triggerer",
+        "default_transaction_read_only": "on",
+        "search_path": "etl",
+    }
+    assert "pw-123456" not in repr(options)
+    assert options_from_connection("wh", _conn(), {}).pool_max_size == 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"sslmode": "sometimes"}, "sslmode"),
+        ({"pool_max_size": 0}, "pool_max_size"),
+        ({"pool_max_size": "many"}, "pool_max_size"),
+        ({"iam": True}, "IAM"),
+        ({"connect_timeout": "soon"}, "connect_timeout"),
+    ],
+)
+def test_bad_connection_extras_are_fatal_and_named(extra: dict[str, Any], named: str) -> None:
+    with pytest.raises(FatalError, match=named) as raised:
+        options_from_connection("wh", _conn(), extra)
+    assert raised.value.error_type == "bad_connection_config"
+
+
+def _types(*names: str) -> list[Any]:
+    return [SimpleNamespace(name=n, kind="array" if n.endswith("[]") else "scalar") for n in names]
+
+
+def test_bound_values_are_converted_to_the_placeholder_types() -> None:
+    values = ["2024-01-31", "2024-01-31T10:00:00+02:00", "2024-01-31T10:00:00", "1.50", 7, "42", str(uuid.UUID(int=1))]
+    types = _types("date", "timestamptz", "timestamp", "numeric", "text", "int8", "uuid")
+    out = coerce_arguments(values, types, [f"p{i}" for i in range(len(values))])
+    assert out == [
+        dt.date(2024, 1, 31),
+        dt.datetime(2024, 1, 31, 10, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        dt.datetime(2024, 1, 31, 10),
+        decimal.Decimal("1.50"),
+        "7",
+        42,
+        uuid.UUID(int=1),
+    ]
+    assert coerce_arguments([["1", "2"]], _types("int4[]"), ["ids"]) == [[1, 2]]
+    with pytest.raises(FatalError, match=r"match\['day'\]='soon' is not a valid date") as raised:
+        coerce_arguments(["soon"], _types("date"), ["match['day']"])
+    assert raised.value.error_type == "bad_parameters"
+    with pytest.raises(FatalError, match="2 placeholder"):
+        coerce_arguments([1], _types("int4", "int4"), ["a"])
+
+
+def test_a_huge_row_is_capped_to_fit_the_payload() -> None:
+    row = {"id": 1, "blob": "x" * 200_000, **{f"c{i}": "y" * 1500 for i in range(40)}}
+    capped, truncated, omitted = cap_row(row)
+    assert truncated == ["blob"]
+    assert capped["id"] == 1 and capped["blob"].startswith("xxx") and "more characters" in capped["blob"]
+    assert omitted and omitted[-1] == "c39"
+    payload = build_payload("success", {"row": capped, "truncated_columns": truncated, "omitted_columns": omitted})
+    assert len(json.dumps(payload)) < MAX_PAYLOAD_BYTES
+    small = {"id": 1, "status": "done"}
+    assert cap_row(small) == (small, [], [])
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "error_type"),
+    [
+        (asyncpg.exceptions.SerializationError("could not serialize"), TransientError, "serialization_failure"),
+        (asyncpg.exceptions.DeadlockDetectedError("deadlock"), TransientError, "deadlock"),
+        (asyncpg.exceptions.TooManyConnectionsError("too many"), TransientError, "too_many_connections"),
+        (asyncpg.exceptions.AdminShutdownError("terminating"), TransientError, "server_restarting"),
+        (asyncpg.exceptions.CannotConnectNowError("starting up"), TransientError, "server_restarting"),
+        (asyncpg.exceptions.ConnectionDoesNotExistError("closed mid-query"), TransientError, "connection"),
+        (asyncpg.exceptions.DiskFullError("disk full"), TransientError, "insufficient_resources"),
+        (asyncpg.exceptions.InterfaceError("cannot call fetch(): connection is closed"), TransientError, "connection"),
+        (
+            asyncpg.exceptions.InternalClientError("cannot switch to state 12; another operation (2) is in progress"),
+            TransientError,
+            "connection",
+        ),
+        (asyncpg.exceptions.PostgresSyntaxError("syntax"), FatalError, "syntax_error"),
+        (asyncpg.exceptions.UndefinedTableError("no table"), FatalError, "undefined_table"),
+        (asyncpg.exceptions.UndefinedColumnError("no column"), FatalError, "undefined_column"),
+        (asyncpg.exceptions.InsufficientPrivilegeError("denied"), FatalError, "permission_denied"),
+        (asyncpg.exceptions.InvalidPasswordError("bad password"), FatalError, "authentication_failed"),
+        (asyncpg.exceptions.InvalidCatalogNameError("no db"), FatalError, "unknown_database"),
+        (asyncpg.exceptions.DivisionByZeroError("1/0"), FatalError, "data_error"),
+        (asyncpg.exceptions.ProtocolError("garbage"), FatalError, "protocol_error"),
+        (asyncpg.exceptions.ClientConfigurationError("bad sslmode"), FatalError, "bad_connection_config"),
+        (ConnectionRefusedError(111, "refused"), TransientError, "network"),
+    ],
+)
+def test_errors_are_classified(error: Exception, kind: type, error_type: str) -> None:
+    classified = PostgresBatchMarkerTrigger(table="m").classify_error(error)
+    assert type(classified) is kind and classified.error_type == error_type
+
+
+def test_missing_asyncpg_is_a_clear_error_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from airflow_deferrable_kit.extras import MissingExtraError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "asyncpg" else real(name, *a))
+    with pytest.raises(MissingExtraError, match=r"airflow-deferrable-kit\[postgres\]"):
+        PostgresBatchMarkerSensor(task_id="t", table="m")
