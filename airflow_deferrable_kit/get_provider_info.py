@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow_deferrable_kit import __version__
 
-_WAITS = ("temporal", "http", "postgres", "kafka")
+_WAITS = ("temporal", "s3", "http", "postgres", "kafka")
 
 
 def get_provider_info() -> dict[str, Any]:

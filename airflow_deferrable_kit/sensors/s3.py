@@ -1,0 +1,62 @@
+"""Wait for S3 objects without holding a worker slot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_deferrable_kit.sensors.base import DeferrableSensor
+from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
+
+
+class S3KeySensor(DeferrableSensor):
+    """Succeed once every key in ``bucket_key`` exists; the XCom says which objects matched.
+
+    :param bucket_key: a key relative to ``bucket_name``, a full ``s3://bucket/key`` URI, or a
+        list of them that must all exist (templated).
+    :param bucket_name: bucket of relative keys (templated).
+    :param wildcard_match: treat each key as an fnmatch pattern over a listing of its literal
+        prefix; each pattern must match at least one object.
+    :param min_size: only objects of at least this many bytes count.
+    :param aws_conn_id: Airflow ``aws`` connection (templated); ``None`` for the default
+        credential chain.
+
+    Success returns ``{"status": "success", "keys": [{"bucket", "key", "size", "etag",
+    "last_modified"}, ...], "keys_not_listed": N}``. A missing bucket, a 403 or rejected
+    credentials fail the task at once (even with ``soft_fail``); throttling, 5xx and network
+    errors are retried with backoff.
+    """
+
+    trigger_class = S3KeyTrigger
+    template_fields = ("bucket_key", "bucket_name", "aws_conn_id")
+    ui_color = "#ffd8b1"
+
+    bucket_key: str | list[str]
+    bucket_name: str | None
+    wildcard_match: bool
+    min_size: int | None
+    aws_conn_id: str | None
+
+    def __init__(
+        self,
+        *,
+        bucket_key: str | list[str] | tuple[str, ...],
+        bucket_name: str | None = None,
+        wildcard_match: bool = False,
+        min_size: int | None = None,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            bucket_key=bucket_key,
+            bucket_name=bucket_name,
+            wildcard_match=wildcard_match,
+            min_size=min_size,
+            aws_conn_id=aws_conn_id,
+            **kwargs,
+        )
+
+    def trigger_params(self) -> dict[str, Any]:
+        params = super().trigger_params()
+        if isinstance(params["bucket_key"], tuple):
+            params["bucket_key"] = list(params["bucket_key"])
+        return params

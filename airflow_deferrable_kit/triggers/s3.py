@@ -1,0 +1,366 @@
+"""Wait for S3 objects: one key, every key of a list, or keys matching a wildcard.
+
+Runs on aiobotocore with one client per (connection, region, endpoint) shared by every S3 wait
+in the triggerer process. A HEAD that says 404 is "not yet"; throttling, 5xx and network errors
+back off; a missing bucket, a 403 or bad credentials end the wait at once with a clear message.
+The success payload says which objects matched, with size, ETag and last-modified time.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import sys
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from typing import Any, Final
+
+from airflow_deferrable_kit._s3_client import S3Settings, close_client, create_client, resolve_settings
+from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, WaitError
+from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger, TransientError
+
+#: At most this many matched objects are described in the payload; the rest are only counted.
+MAX_LISTED_KEYS: Final = 100
+#: Bytes of serialized object descriptions allowed in one payload (room left for the envelope).
+KEYS_BYTE_BUDGET: Final = MAX_PAYLOAD_BYTES - 4096
+
+#: Error codes meaning "no such object (yet)". HEAD has no body, so S3 reports a bare "404".
+MISSING_CODES: Final = frozenset({"404", "NoSuchKey", "NotFound"})
+THROTTLING_CODES: Final = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "PriorRequestNotComplete",
+    }
+)
+RETRYABLE_CODES: Final = frozenset(
+    {"RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable", "OperationAborted"}
+)
+CREDENTIAL_CODES: Final = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+    }
+)
+ACCESS_CODES: Final = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectState"})
+_WILDCARD = re.compile(r"[*?\[]")
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/key`` -> ``("bucket", "some/key")``; raises ``ValueError`` if malformed."""
+    rest = uri[len("s3://") :]
+    bucket, _, key = rest.partition("/")
+    if not bucket or not key:
+        raise ValueError(f"bucket_key {uri!r} is not a full s3://bucket/key URI")
+    return bucket, key
+
+
+def resolve_targets(bucket_key: str | list[str], bucket_name: str | None) -> list[tuple[str, str]]:
+    """Turn the user's ``bucket_key``/``bucket_name`` into ``(bucket, key)`` pairs.
+
+    Each entry is either a key relative to ``bucket_name`` or a full ``s3://bucket/key`` URI
+    (then ``bucket_name`` may be omitted; if given, it must name the same bucket).
+    """
+    keys = [bucket_key] if isinstance(bucket_key, str) else bucket_key
+    if not isinstance(keys, list) or not keys:
+        raise ValueError(f"bucket_key must be a key, an s3:// URI or a non-empty list of them, got {bucket_key!r}")
+    if bucket_name is not None and (not isinstance(bucket_name, str) or not bucket_name.strip()):
+        raise ValueError(f"bucket_name must be a non-empty string or None, got {bucket_name!r}")
+    targets = []
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"bucket_key entries must be non-empty strings, got {key!r}")
+        if key.startswith("s3://"):
+            bucket, relative = split_s3_uri(key)
+            if bucket_name is not None and bucket_name != bucket:
+                raise ValueError(
+                    f"bucket_key {key!r} names bucket {bucket!r} but bucket_name is {bucket_name!r}; "
+                    "give either a full s3:// URI or a key relative to bucket_name"
+                )
+        elif "://" in key:
+            raise ValueError(f"bucket_key {key!r} must be an s3:// URI or a key relative to bucket_name")
+        elif bucket_name is None:
+            raise ValueError(
+                f"bucket_key {key!r} is a relative key, so bucket_name is required (or use s3://bucket/key)"
+            )
+        else:
+            bucket, relative = bucket_name, key
+        targets.append((bucket, relative))
+    return targets
+
+
+def literal_prefix(pattern: str) -> str:
+    """The part of an fnmatch pattern before its first wildcard: the listing prefix."""
+    match = _WILDCARD.search(pattern)
+    return pattern if match is None else pattern[: match.start()]
+
+
+def describe_object(bucket: str, key: str, size: Any, etag: Any, last_modified: Any) -> dict[str, Any]:
+    """The JSON description of one matched object (ETag without its surrounding quotes)."""
+    return {
+        "bucket": bucket,
+        "key": key,
+        "size": int(size) if size is not None else None,
+        "etag": etag.strip('"') if isinstance(etag, str) else None,
+        "last_modified": last_modified.isoformat() if hasattr(last_modified, "isoformat") else None,
+    }
+
+
+def keys_payload(objects: Iterable[dict[str, Any]], total: int) -> dict[str, Any]:
+    """Describe up to :data:`MAX_LISTED_KEYS` objects within :data:`KEYS_BYTE_BUDGET`; count the rest."""
+    listed: list[dict[str, Any]] = []
+    used = 0
+    for description in objects:
+        size = len(json.dumps(description, separators=(",", ":"))) + 1
+        if len(listed) >= MAX_LISTED_KEYS or used + size > KEYS_BYTE_BUDGET:
+            break
+        listed.append(description)
+        used += size
+    return {"keys": listed, "keys_not_listed": total - len(listed)}
+
+
+def _retry_after(headers: dict[str, Any]) -> float | None:
+    try:
+        return float(headers["retry-after"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def classify_client_error(exc: Any, what: str) -> WaitError:
+    """Map a botocore ``ClientError`` from ``what`` (e.g. ``HEAD s3://b/k``) to transient or fatal."""
+    error = exc.response.get("Error") or {}
+    meta = exc.response.get("ResponseMetadata") or {}
+    code = str(error.get("Code") or "")
+    status = int(meta.get("HTTPStatusCode") or (code if code.isdigit() else 0))
+    detail = error.get("Message") or ""
+    seen = f"{what}: {code or status}" + (f" ({detail})" if detail and detail != code else "")
+    if code in THROTTLING_CODES or status in (429, 503):
+        return TransientError(
+            f"throttled, {seen}", retry_after=_retry_after(meta.get("HTTPHeaders") or {}), error_type="throttled"
+        )
+    if status >= 500 or code in RETRYABLE_CODES:
+        return TransientError(f"server error, {seen}", error_type="server_error")
+    if code == "NoSuchBucket":
+        return FatalError(f"{seen}: the bucket does not exist", error_type="bucket_not_found")
+    if code in CREDENTIAL_CODES:
+        return FatalError(
+            f"{seen}: the credentials were rejected; check the connection's keys or session token",
+            error_type="invalid_credentials",
+        )
+    if status == 403 or code in ACCESS_CODES:
+        cause = "access denied"
+        if code == "403":  # a HEAD response has no body, so no error code to tell the causes apart
+            cause = "access denied or credentials rejected (HEAD responses carry no error code)"
+        return FatalError(
+            f"{seen}: {cause}. The identity needs s3:GetObject on the keys and s3:ListBucket on the bucket "
+            "(without ListBucket, S3 answers 403 instead of 404 for a key that does not exist yet)",
+            error_type="access_denied",
+        )
+    return FatalError(f"{seen} (HTTP {status})", error_type="s3_error")
+
+
+class S3KeyTrigger(PollingTrigger):
+    """Fire when every key (or wildcard pattern) in ``bucket_key`` exists in S3.
+
+    :param bucket_key: a key relative to ``bucket_name``, a full ``s3://bucket/key`` URI, or a
+        list of them (all must exist).
+    :param bucket_name: the bucket of relative keys.
+    :param wildcard_match: treat each key as an fnmatch pattern (``*``, ``?``, ``[...]``;
+        ``*`` also matches ``/``) over a paginated listing of its literal prefix; each pattern
+        must match at least one object.
+    :param min_size: only objects of at least this many bytes count.
+    :param aws_conn_id: Airflow ``aws`` connection to use; ``None`` for the default credential
+        chain. Only the id is stored in the trigger; credentials are read in the triggerer.
+    """
+
+    bucket_key: str | list[str]
+    bucket_name: str | None = None
+    wildcard_match: bool = False
+    min_size: int | None = None
+    aws_conn_id: str | None = "aws_default"
+
+    extra = "s3"
+    extra_modules = ("aiobotocore",)
+
+    def __post_init__(self) -> None:
+        self._targets: list[tuple[str, str]] = []
+        self._settings: S3Settings | None = None  # the connection, read once per run
+        self._first_missing = 0  # index of the key that was missing at the last poll
+        self._buckets_seen: set[str] = set()  # buckets known to exist
+        super().__post_init__()
+
+    def validate(self) -> None:
+        self._targets = resolve_targets(self.bucket_key, self.bucket_name)
+        if not isinstance(self.wildcard_match, bool):
+            raise ValueError(f"wildcard_match must be True or False, got {self.wildcard_match!r}")
+        if self.min_size is not None and (
+            isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0
+        ):
+            raise ValueError(f"min_size must be a non-negative integer number of bytes or None, got {self.min_size!r}")
+        if self.aws_conn_id is not None and (not isinstance(self.aws_conn_id, str) or not self.aws_conn_id.strip()):
+            raise ValueError(f"aws_conn_id must be a non-empty string or None, got {self.aws_conn_id!r}")
+
+    def describe(self) -> str:
+        bucket, key = self._targets[0]
+        text = f"s3://{bucket}/{key}"
+        if len(self._targets) > 1:
+            text += f" and {len(self._targets) - 1} more"
+        if self.wildcard_match:
+            text += " (wildcard)"
+        if self.min_size:
+            text += f", at least {self.min_size} bytes"
+        return text
+
+    # ---------------------------------------------------------------------------- check
+    async def check(self) -> Found | None:
+        client = await self._client()
+        if self.wildcard_match:
+            return await self._check_patterns(client)
+        return await self._check_keys(client)
+
+    async def _client(self) -> Any:
+        """The shared client for this trigger's connection (the connection is read once per run)."""
+        if self._settings is None:
+            self._settings = await resolve_settings(self.aws_conn_id)
+        settings = self._settings
+        return await self.lease(settings.lease_key, lambda: create_client(settings), close_client)
+
+    async def _call(self, what: str, request: Awaitable[Any]) -> Any:
+        """Await one S3 request, turning a ``ClientError`` into a transient or fatal error."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return await request
+        except ClientError as exc:
+            if _is_missing(exc):
+                raise
+            raise classify_client_error(exc, what) from exc
+
+    async def _check_keys(self, client: Any) -> Found | None:
+        # Start from the key that was missing last time: it is the one most likely still missing,
+        # so a not-yet poll usually costs one HEAD however long the list is.
+        order = list(range(self._first_missing, len(self._targets))) + list(range(self._first_missing))
+        found: dict[int, dict[str, Any]] = {}
+        for index in order:
+            bucket, key = self._targets[index]
+            description = await self._head(client, bucket, key)
+            if description is None:
+                self._first_missing = index
+                return None
+            found[index] = description
+        objects = [found[i] for i in range(len(self._targets))]
+        return Found(keys_payload(objects, len(objects)))
+
+    async def _head(self, client: Any, bucket: str, key: str) -> dict[str, Any] | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            response = await self._call(f"HEAD s3://{bucket}/{key}", client.head_object(Bucket=bucket, Key=key))
+        except ClientError:  # only "missing" gets here
+            await self._require_bucket(client, bucket)
+            return None
+        size = response.get("ContentLength")
+        if self.min_size is not None and (size or 0) < self.min_size:
+            return None
+        return describe_object(bucket, key, size, response.get("ETag"), response.get("LastModified"))
+
+    async def _require_bucket(self, client: Any, bucket: str) -> None:
+        """A HEAD 404 cannot tell a missing key from a missing bucket: ask once per bucket."""
+        from botocore.exceptions import ClientError
+
+        if bucket in self._buckets_seen:
+            return
+        try:
+            await self._call(f"HEAD bucket s3://{bucket}", client.head_bucket(Bucket=bucket))
+        except ClientError as exc:
+            raise FatalError(
+                f"s3://{bucket}: the bucket does not exist (HEAD bucket: {exc.response.get('Error', {}).get('Code')})",
+                error_type="bucket_not_found",
+            ) from exc
+        except FatalError as exc:
+            if exc.error_type != "access_denied":
+                raise
+            # Allowed to read objects but not to HEAD the bucket: existence cannot be checked.
+        self._buckets_seen.add(bucket)
+
+    async def _check_patterns(self, client: Any) -> Found | None:
+        seen: set[tuple[str, str]] = set()
+        objects: list[dict[str, Any]] = []
+        total = 0
+        for bucket, pattern in self._targets:
+            matched = 0
+            async for description in self._list_matches(client, bucket, pattern):
+                matched += 1
+                ident = (bucket, description["key"])
+                if len(self._targets) > 1:
+                    if ident in seen:
+                        continue
+                    seen.add(ident)
+                total += 1
+                if len(objects) < MAX_LISTED_KEYS:
+                    objects.append(description)
+            if not matched:
+                return None
+        return Found(keys_payload(objects, total))
+
+    async def _list_matches(self, client: Any, bucket: str, pattern: str) -> AsyncIterator[dict[str, Any]]:
+        """Yield the objects matching ``pattern``, paging through every object under its prefix."""
+        prefix = literal_prefix(pattern)
+        request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        while True:
+            page = await self._call(f"LIST s3://{bucket}/{prefix}", client.list_objects_v2(**request))
+            for item in page.get("Contents") or ():
+                key = item["Key"]
+                if not fnmatch.fnmatchcase(key, pattern):
+                    continue
+                if self.min_size is not None and item.get("Size", 0) < self.min_size:
+                    continue
+                yield describe_object(bucket, key, item.get("Size"), item.get("ETag"), item.get("LastModified"))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            request["ContinuationToken"] = token
+
+    # ---------------------------------------------------------------------------- errors
+    def classify_error(self, exc: Exception) -> WaitError:
+        botocore_errors = sys.modules.get("botocore.exceptions")
+        if botocore_errors is None or isinstance(exc, WaitError):
+            return super().classify_error(exc)
+        where = self._settings.describe() if self._settings is not None else f"aws_conn_id={self.aws_conn_id!r}"
+        if isinstance(exc, botocore_errors.ClientError):
+            return classify_client_error(exc, self.describe())
+        if isinstance(exc, (botocore_errors.NoCredentialsError, botocore_errors.PartialCredentialsError)):
+            return FatalError(
+                f"{where}: no AWS credentials found. Put the access key id and secret in the connection's "
+                "login and password, or give the triggerer an identity the default chain can find",
+                error_type="no_credentials",
+            )
+        if isinstance(exc, (botocore_errors.CredentialRetrievalError, botocore_errors.TokenRetrievalError)):
+            return FatalError(f"{where}: could not obtain credentials: {exc}", error_type="invalid_credentials")
+        if isinstance(exc, botocore_errors.SSLError):
+            return FatalError(f"{where}: TLS error: {exc}", error_type="tls_error")
+        if isinstance(exc, (botocore_errors.ConnectionError, botocore_errors.HTTPClientError)):
+            return TransientError(f"{where}: {type(exc).__name__}: {exc}", error_type="network")
+        if isinstance(exc, botocore_errors.BotoCoreError):
+            return FatalError(f"{where}: {type(exc).__name__}: {exc}", error_type="bad_configuration")
+        return super().classify_error(exc)
+
+
+def _is_missing(exc: Any) -> bool:
+    error = exc.response.get("Error") or {}
+    return str(error.get("Code") or "") in MISSING_CODES
+
+
+__all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "classify_client_error", "keys_payload", "resolve_targets"]

@@ -1,0 +1,126 @@
+"""A tiny HTTP proxy in front of the S3 API server that injects faults and counts what it sees.
+
+Real servers cannot be told to throttle on demand, so the proxy answers the next N requests
+itself (e.g. 503 SlowDown) and forwards everything else to moto untouched (the Host header is
+kept, so SigV4 signatures still verify). It records every request and the client connections,
+which is how the tests count polls, retries and sockets instead of timing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
+)
+
+
+@dataclass(frozen=True)
+class Seen:
+    method: str
+    path: str
+    status: int
+    injected: bool
+
+
+class FaultProxy:
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.seen: list[Seen] = []
+        self.peers: set[tuple[str, int]] = set()
+        self._faults: list[tuple[int, str, str]] = []
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections the proxy currently holds open (keep-alive included)."""
+        assert self._runner is not None and self._runner.server is not None
+        return len(self._runner.server.connections)
+
+    def fail_next(
+        self, count: int, status: int = 503, code: str = "SlowDown", message: str = "Reduce your request rate."
+    ) -> None:
+        """Answer the next ``count`` requests with an S3 error instead of forwarding them."""
+        self._faults.extend([(status, code, message)] * count)
+
+    def count(self, method: str | None = None, *, injected: bool | None = None) -> int:
+        return sum(
+            1
+            for s in self.seen
+            if (method is None or s.method == method) and (injected is None or s.injected == injected)
+        )
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets
+        self.port = int(server.sockets[0].getsockname()[1])
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if peer:
+            self.peers.add((peer[0], peer[1]))
+        body = await request.read()
+        if self._faults:
+            status, code, message = self._faults.pop(0)
+            self.seen.append(Seen(request.method, request.path, status, True))
+            xml = (
+                '<?xml version="1.0" encoding="UTF-8"?>\n'
+                f"<Error><Code>{code}</Code><Message>{message}</Message><RequestId>fault</RequestId></Error>"
+            )
+            return web.Response(
+                status=status, text=None if request.method == "HEAD" else xml, content_type="application/xml"
+            )
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        async with self._session.request(
+            request.method,
+            URL(self.upstream + request.raw_path, encoded=True),
+            headers=headers,
+            data=body or None,
+            allow_redirects=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        ) as upstream:
+            payload = await upstream.read()
+            out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+            length = upstream.headers.get("Content-Length")
+        self.seen.append(Seen(request.method, request.path, upstream.status, False))
+        response = web.Response(
+            status=upstream.status, headers=out_headers, body=None if request.method == "HEAD" else payload
+        )
+        if request.method == "HEAD" and length is not None:
+            response.headers["Content-Length"] = length
+        return response
+
+
+async def settle(predicate: Callable[[], bool], *, attempts: int = 500) -> None:
+    """Yield to the loop until ``predicate()`` holds (a generous bound, not a timing assertion)."""
+    for _ in range(attempts):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition did not hold")
