@@ -1,0 +1,161 @@
+"""Worker-held time of single tries, from their log events: every mode and the edge cases."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from airflow_deferrable_kit.audit import Event, Try, Usage, is_sensor, kit_equivalent, measure, worker_intervals
+
+T0 = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+KIT = "airflow_deferrable_kit.sensors."
+
+
+def s(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def attempt(
+    start: float | None,
+    end: float | None,
+    *,
+    operator: str = "S3KeySensor",
+    queued: float | None = None,
+    reschedules: int = 0,
+    first_reschedule_end: float | None = None,
+) -> Try:
+    return Try(
+        dag_id="d",
+        task_id="t",
+        run_id="r",
+        map_index=-1,
+        try_number=1,
+        state="success",
+        operator=operator,
+        custom_operator_name=None,
+        start=None if start is None else s(start),
+        end=None if end is None else s(end),
+        queued=None if queued is None else s(queued),
+        reschedules=reschedules,
+        first_reschedule_end=None if first_reschedule_end is None else s(first_reschedule_end),
+    )
+
+
+def events(*pairs: tuple[str, float]) -> list[Event]:
+    return [Event(name, s(at)) for name, at in pairs]
+
+
+def test_poke_mode_holds_the_worker_for_the_whole_wait() -> None:
+    usage = measure(attempt(0, 300), events(("running", 0.2), ("success", 300)))
+    assert usage == Usage("poke", wall=300, worker=300, segments=1, shortest=300)
+    assert usage.idle(sensor=True, check_seconds=5) == 295
+    assert usage.idle(sensor=False, check_seconds=5) == 0
+
+
+def test_a_slow_api_server_still_counts_from_the_workers_own_start() -> None:
+    # The worker asked to run at 0 and held its slot while the server took 11 s to answer.
+    usage = measure(attempt(0, 14), events(("running", 11), ("success", 14)))
+    assert usage is not None and usage.worker == 14
+
+
+def test_reschedule_mode_holds_the_worker_only_during_each_poke() -> None:
+    # start_date is reset by each poke: it belongs to the last one.
+    usage = measure(
+        attempt(119.5, 121, operator="HttpSensor", reschedules=2),
+        events(
+            ("running", 0),
+            ("up_for_reschedule", 2),
+            ("running", 60),
+            ("up_for_reschedule", 61),
+            ("running", 120),
+            ("success", 121),
+        ),
+    )
+    assert usage == Usage("reschedule", wall=121, worker=2 + 1 + 1.5, segments=3, shortest=1)
+    assert usage.idle(sensor=True, check_seconds=5) == 3.5
+
+
+def test_deferred_holds_the_worker_before_deferring_and_after_resuming() -> None:
+    # start_date is kept across the deferral: it belongs to the first run.
+    usage = measure(
+        attempt(0.5, 1801, queued=1799),
+        events(("running", 1), ("deferred", 3), ("running", 1800), ("success", 1801)),
+    )
+    assert usage == Usage("deferred", wall=1800.5, worker=2.5 + 1, segments=2, shortest=1)
+
+
+def test_end_from_trigger_holds_the_worker_only_before_deferring() -> None:
+    # The triggerer ends the task: no second worker run, no success row from a worker.
+    usage = measure(attempt(0, 600), events(("running", 0.1), ("deferred", 2)))
+    assert usage == Usage("deferred", wall=600, worker=2, segments=1, shortest=2)
+
+
+def test_worker_clock_ahead_of_the_server_does_not_stretch_the_resumed_run() -> None:
+    # start_date 0.5 s after the first running row: it cannot belong to the resume at 1800.
+    usage = measure(attempt(1.5, 1801), events(("running", 1), ("deferred", 3), ("running", 1800), ("success", 1801)))
+    assert usage is not None and usage.worker == 2 + 1
+
+
+def test_a_lost_stop_event_closes_at_the_next_start_or_at_the_end() -> None:
+    found = worker_intervals(events(("running", 0), ("running", 10), ("failed", 12)), end=s(12))
+    assert found == [(s(0), s(10)), (s(10), s(12))]
+    assert worker_intervals(events(("running", 0)), end=s(7)) == [(s(0), s(7))]
+    # A stop with no start before it (the scheduler failing a queued try) holds no worker.
+    assert worker_intervals(events(("failed", 3)), end=s(3)) == []
+
+
+def test_without_log_rows_poke_is_taken_from_start_and_end() -> None:
+    usage = measure(attempt(0, 100), [])
+    assert usage == Usage("poke", wall=100, worker=100, segments=1, shortest=100, estimated=True)
+    assert measure(attempt(0, 100, operator="BashOperator"), []) == Usage("worker", 100, 100, 1, 100, estimated=True)
+
+
+def test_without_log_rows_reschedule_assumes_every_poke_took_as_long_as_the_last() -> None:
+    usage = measure(attempt(1190, 1192, reschedules=2, first_reschedule_end=2), [])
+    assert usage == Usage("reschedule", wall=1192, worker=6, segments=3, shortest=2, estimated=True)
+
+
+def test_without_log_rows_a_resumed_deferral_is_spotted_by_its_late_queued_time() -> None:
+    usage = measure(attempt(0, 520, queued=500), [])
+    assert usage == Usage("deferred", wall=520, worker=40, segments=2, shortest=20, estimated=True)
+
+
+def test_tries_that_never_ran_on_a_worker_are_not_measured() -> None:
+    assert measure(attempt(5, 5), []) is None
+    assert measure(attempt(None, None), []) is None
+    assert measure(attempt(0, None), []) is None
+
+
+def test_idle_allows_one_check_at_most_the_shortest_run() -> None:
+    quick = Usage("poke", wall=1.5, worker=1.5, segments=1, shortest=1.5)
+    assert quick.idle(sensor=True, check_seconds=5) == 0
+    assert quick.idle(sensor=True, check_seconds=0) == 1.5
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (("DateTimeSensor",), KIT + "temporal.DateTimeSensor"),
+        (("DateTimeSensorAsync",), KIT + "temporal.DateTimeSensor"),
+        (("TimeSensor",), KIT + "temporal.DateTimeSensor"),
+        (("S3KeySensor",), KIT + "s3.S3KeySensor"),
+        (("HttpSensor",), KIT + "http.HttpBatchReadySensor"),
+        (("SqlSensor",), KIT + "postgres.PostgresBatchMarkerSensor"),
+        (("PostgresPartitionSensor",), KIT + "postgres.PostgresBatchMarkerSensor"),
+        (("AwaitMessageSensor",), KIT + "kafka.KafkaMessageSensor"),
+        (("KafkaMessageSensor",), KIT + "kafka.KafkaMessageSensor"),
+        (("DecoratedSensorOperator", "@task.sensor"), None),
+        (("ExternalTaskSensor",), None),
+        (("PythonOperator",), None),
+        ((None, None), None),
+    ],
+)
+def test_kit_equivalents_by_class_name(names: tuple[str | None, ...], expected: str | None) -> None:
+    equivalent = kit_equivalent(*names)
+    assert (equivalent.sensor if equivalent else None) == expected
+
+
+def test_sensors_are_told_apart_by_name() -> None:
+    assert is_sensor("S3KeySensor") and is_sensor(None, "@task.sensor") and is_sensor("DateTimeSensorAsync")
+    assert not is_sensor("PythonOperator", None) and not is_sensor(None, None)
