@@ -1,9 +1,9 @@
-# The two commands a newcomer needs: `make test` (what CI runs) and, later, `make demo`.
+# The two commands a newcomer needs: `make demo` (see it work) and `make test` (what CI runs).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv system-deps lint test test-fast clean
+.PHONY: venv system-deps lint test test-fast demo clean
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: system-deps lint
 # Everything except the real-Airflow end-to-end tests, for a quicker loop while developing.
 test-fast: venv
 	$(BIN)/pytest -q -p no:cacheprovider -m "not e2e" tests
+
+# Runs the showcase DAG on a real Airflow against local services and prints what each wait cost.
+demo: system-deps venv
+	$(BIN)/python scripts/demo.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -18,7 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,7 +116,7 @@ class LocalAirflow:
         for proc in self.processes.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        end = time.monotonic() + 20
+        end = time.monotonic() + 10
         for proc in self.processes.values():
             try:
                 proc.wait(timeout=max(end - time.monotonic(), 0.1))
@@ -135,17 +135,29 @@ class LocalAirflow:
         path = self.home / "simple_auth_manager_passwords.json.generated"
         return str(json.loads(path.read_text())["admin"])
 
-    def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
+    def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True, attempts: int = 5) -> Any:
+        """One REST call; idempotent GETs are retried when a busy api-server is slow or restarting."""
         headers = {"Content-Type": "application/json"}
         if auth:
             if self._token is None:
                 self._token = self._fetch_token()
             headers["Authorization"] = f"Bearer {self._token}"
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
-        with urllib.request.urlopen(request, timeout=30) as response:
-            raw = response.read()
-        return json.loads(raw) if raw else None
+        tries = attempts if method == "GET" else 1
+        for attempt in range(1, tries + 1):
+            request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    raw = response.read()
+                return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500 or attempt == tries:
+                    raise
+            except (TimeoutError, urllib.error.URLError, ConnectionError):
+                if attempt == tries:
+                    raise
+            time.sleep(min(2.0 * attempt, 10.0))
+        raise AssertionError("unreachable")
 
     def _fetch_token(self) -> str:
         body = {"username": "admin", "password": self._password()}
@@ -173,19 +185,36 @@ class LocalAirflow:
         data = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
         return {ti["task_id"]: ti for ti in data["task_instances"]}
 
-    def watch_run(self, dag_id: str, run_id: str, *, timeout: float = 180, interval: float = 0.5) -> WatchedRun:
-        """Poll the run until it ends, recording every state each task was seen in (in order)."""
+    def watch_run(
+        self,
+        dag_id: str,
+        run_id: str,
+        *,
+        timeout: float = 180,
+        interval: float = 0.5,
+        on_change: Callable[[str, str, str | None], None] | None = None,
+        on_tick: Callable[[WatchedRun], None] | None = None,
+    ) -> WatchedRun:
+        """Poll the run until it ends, recording when each task was first seen in each state.
+
+        ``on_change(task_id, new_state, old_state)`` reports every transition as it is seen;
+        ``on_tick(watched)`` runs after every poll (to act on the run while it waits).
+        """
         watched = WatchedRun(dag_id=dag_id, run_id=run_id)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for task_id, ti in self.task_instances(dag_id, run_id).items():
-                watched.observe(task_id, ti)
+                previous = watched.state(task_id)
+                if watched.observe(task_id, ti) and on_change is not None:
+                    on_change(task_id, watched.state(task_id) or "", previous)
             run = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
             watched.run_state = run["state"]
             if run["state"] in ("success", "failed"):
                 for task_id, ti in self.task_instances(dag_id, run_id).items():
                     watched.observe(task_id, ti)
                 return watched
+            if on_tick is not None:
+                on_tick(watched)
             time.sleep(interval)
         raise AssertionError(f"run {run_id} of {dag_id} did not finish within {timeout:.0f}s: {watched.states}")
 
@@ -204,18 +233,44 @@ class LocalAirflow:
 
 @dataclass
 class WatchedRun:
+    """What was seen of a run: each task's states in order, with the wall time first seen."""
+
     dag_id: str
     run_id: str
     run_state: str | None = None
-    states: dict[str, list[str]] = field(default_factory=dict)
+    timeline: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     last: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def observe(self, task_id: str, ti: Mapping[str, Any]) -> None:
-        seen = self.states.setdefault(task_id, [])
-        state = str(ti.get("state"))
-        if not seen or seen[-1] != state:
-            seen.append(state)
+    @property
+    def states(self) -> dict[str, list[str]]:
+        return {task_id: [state for _, state in seen] for task_id, seen in self.timeline.items()}
+
+    def state(self, task_id: str) -> str | None:
+        seen = self.timeline.get(task_id)
+        return seen[-1][1] if seen else None
+
+    def observe(self, task_id: str, ti: Mapping[str, Any]) -> bool:
+        """Record the task's state; True if it changed."""
         self.last[task_id] = dict(ti)
+        seen = self.timeline.setdefault(task_id, [])
+        state = str(ti.get("state"))
+        if seen and seen[-1][1] == state:
+            return False
+        seen.append((time.time(), state))
+        return True
+
+    def first_seen(self, task_id: str, state: str) -> float | None:
+        return next((at for at, seen in self.timeline.get(task_id, []) if seen == state), None)
+
+    def seconds_in(self, task_id: str, state: str, *, until: float | None = None) -> float:
+        """Seconds the task was seen in ``state`` (to the poll interval's precision)."""
+        seen = self.timeline.get(task_id, [])
+        end = until if until is not None else time.time()
+        total = 0.0
+        for (at, current), (after, _) in zip(seen, [*seen[1:], (end, "")], strict=True):
+            if current == state:
+                total += after - at
+        return total
 
 
 @contextlib.contextmanager

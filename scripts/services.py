@@ -50,7 +50,7 @@ def wait_for_port(port: int, *, timeout: float, proc: subprocess.Popen[bytes] | 
     raise ServiceUnavailable(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
 
 
-def _stop_process(proc: subprocess.Popen[bytes], *, timeout: float = 10) -> None:
+def stop_process(proc: subprocess.Popen[bytes], *, timeout: float = 10) -> None:
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -213,7 +213,7 @@ def s3_server() -> Iterator[S3Server]:
         wait_for_port(port, timeout=30, proc=proc, what="moto_server")
         yield S3Server(endpoint_url=f"http://127.0.0.1:{port}", port=port, process=proc)
     finally:
-        _stop_process(proc)
+        stop_process(proc)
 
 
 # ------------------------------------------------------------------------- Kafka (tansu)
@@ -263,7 +263,7 @@ class Kafka:
 
     def stop(self) -> None:
         if self.process is not None:
-            _stop_process(self.process)
+            stop_process(self.process)
             self.process = None
 
     def restart(self, down_seconds: float = 0.0) -> None:

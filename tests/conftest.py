@@ -13,10 +13,18 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="adk-airflow-home-
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from scripts import services
+
+if TYPE_CHECKING:
+    from scripts.airflow_local import LocalAirflow
+    from scripts.demo import Showcase
+
+TESTS = Path(__file__).parent
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +43,20 @@ def s3_server() -> Iterator[services.S3Server]:
 def kafka_broker() -> Iterator[services.Kafka]:
     with services.kafka() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def showcase(
+    postgres_server: services.Postgres, s3_server: services.S3Server, kafka_broker: services.Kafka
+) -> Iterator[Showcase]:
+    """One real Airflow for every end-to-end test: the showcase DAG plus the tests' own DAGs."""
+    from scripts.demo import showcase as start_showcase
+
+    extra = [TESTS / "e2e" / "dags", TESTS / "audit" / "dags"]
+    with start_showcase(extra, postgres=postgres_server, s3=s3_server, kafka=kafka_broker) as show:
+        yield show
+
+
+@pytest.fixture(scope="session")
+def airflow(showcase: Showcase) -> LocalAirflow:
+    return showcase.airflow
