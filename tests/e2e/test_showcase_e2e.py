@@ -23,9 +23,16 @@ def showcase_run(showcase: Showcase) -> tuple[Any, list[dict[str, Any]]]:
     return watched, report(showcase, watched)
 
 
-def test_every_wait_deferred_and_succeeded(showcase_run: tuple[Any, list[dict[str, Any]]]) -> None:
+def test_every_wait_deferred_and_succeeded(
+    showcase: Showcase, showcase_run: tuple[Any, list[dict[str, Any]]]
+) -> None:
     watched, _ = showcase_run
-    assert watched.run_state == "success", watched.states
+    failed_logs = {
+        task_id: showcase.airflow.task_log(DAG_ID, watched.run_id, task_id)[-3000:]
+        for task_id in TASKS
+        if watched.states[task_id][-1] != "success"
+    }
+    assert watched.run_state == "success", (watched.states, failed_logs)
     for task_id in TASKS:
         states = watched.states[task_id]
         assert "deferred" in states, (task_id, states)
