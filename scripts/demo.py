@@ -247,7 +247,6 @@ def run_showcase(
     log(f"triggered {DAG_ID} run {run_id}")
     pending = show.actions()
     next_action_at = [0.0]
-    hook = [on_all_deferred]
 
     def on_change(task_id: str, state: str, previous: str | None) -> None:
         log(f"[{time.time() - started:6.1f}s] {task_id:<24} {previous or '-'} -> {state}")
@@ -261,6 +260,8 @@ def run_showcase(
             # wait comes true: a resume within about a second of the deferral can race Airflow's
             # own bookkeeping of that exit under load.
             next_action_at[0] = max(at for at in deferred if at is not None) + SETTLE_SECONDS
+            if on_all_deferred is not None:
+                on_all_deferred()
         elif time.time() - started > 180 and not next_action_at[0]:
             next_action_at[0] = time.time()
         if not next_action_at[0] or time.time() < next_action_at[0]:
