@@ -23,9 +23,7 @@ def showcase_run(showcase: Showcase) -> tuple[Any, list[dict[str, Any]]]:
     return watched, report(showcase, watched)
 
 
-def test_every_wait_deferred_and_succeeded(
-    showcase: Showcase, showcase_run: tuple[Any, list[dict[str, Any]]]
-) -> None:
+def test_every_wait_deferred_and_succeeded(showcase: Showcase, showcase_run: tuple[Any, list[dict[str, Any]]]) -> None:
     watched, _ = showcase_run
     failed_logs = {
         task_id: showcase.airflow.task_log(DAG_ID, watched.run_id, task_id)[-3000:]
