@@ -167,6 +167,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 async def open_pool(conn_id: str) -> asyncpg.Pool:
     """The bounded pool for ``conn_id``. Opens no connection until the first query asks for one."""
+    await asyncio.to_thread(__import__, "asyncpg")  # the first import takes ~0.1 s: not on the loop
     import asyncpg
 
     options = await connect_options(conn_id)

@@ -255,6 +255,7 @@ class PollingTrigger(BaseTrigger):
             done, _ = await asyncio.wait({task}, timeout=left)
         except asyncio.CancelledError:
             task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # unwound before run() releases clients
             raise
         if not done:
             task.cancel()

@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import random
+import re
 import ssl
 import time
 import weakref
@@ -290,8 +291,14 @@ async def _diagnose_bootstrap(options: Mapping[str, Any], exc: BaseException) ->
     return TransientError(f"cannot bootstrap from {options['bootstrap_servers']}: {exc}", error_type="broker")
 
 
+LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+#: How long a cancelled waiter lets a consumer's start finish before stopping it.
+START_GRACE_SECONDS = 10.0
+
+
 async def start_consumer(options: Mapping[str, Any], **overrides: Any) -> AIOKafkaConsumer:
     """A started consumer with no group, no auto-commit and no silent offset reset."""
+    await asyncio.to_thread(__import__, "aiokafka")  # the first import takes ~0.5 s: not on the loop
     from aiokafka import AIOKafkaConsumer
     from aiokafka.errors import KafkaConnectionError
 
@@ -307,9 +314,16 @@ async def start_consumer(options: Mapping[str, Any], **overrides: Any) -> AIOKaf
     }
     settings.update(overrides)
     consumer = AIOKafkaConsumer(**settings)
+    # Shielded: cancelling aiokafka's bootstrap mid-request leaks the bootstrap connection (only
+    # Kafka and timeout errors close it), so a cancelled waiter lets the start finish, bounded,
+    # and then stops the consumer, leaving no socket behind.
+    starting = asyncio.ensure_future(consumer.start())
     try:
-        await consumer.start()
+        await asyncio.shield(starting)
     except asyncio.CancelledError:
+        await asyncio.wait({starting}, timeout=START_GRACE_SECONDS)
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
         await consumer.stop()
         raise
     except Exception as exc:
@@ -1204,6 +1218,12 @@ class KafkaMessageTrigger(PollingTrigger):
             raise ValueError(f"topics must be a non-empty list of topic names, got {self.topics!r}")
         if len(set(self.topics)) != len(self.topics):
             raise ValueError(f"topics must not repeat a topic, got {self.topics!r}")
+        for topic in self.topics:
+            if not LEGAL_TOPIC.fullmatch(topic) or topic in (".", ".."):
+                raise ValueError(
+                    f"topics: {topic!r} is not a legal Kafka topic name "
+                    "(1-249 characters of letters, digits, '.', '_' and '-')"
+                )
         if not isinstance(self.kafka_conn_id, str) or not self.kafka_conn_id:
             raise ValueError(f"kafka_conn_id must be a non-empty string, got {self.kafka_conn_id!r}")
         if self.value_format not in VALUE_FORMATS:
