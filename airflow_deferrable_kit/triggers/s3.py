@@ -56,6 +56,18 @@ CREDENTIAL_CODES: Final = frozenset(
 )
 ACCESS_CODES: Final = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectState"})
 _WILDCARD = re.compile(r"[*?\[]")
+# Today's rules are 3-63 lowercase letters, digits, dots and hyphens; legacy us-east-1 buckets may
+# also hold capitals and underscores and reach 255 characters, so those are let through.
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
+
+
+def check_bucket_name(bucket: str, *, argument: str) -> None:
+    """Refuse a bucket name S3 can never accept, naming the argument it came from."""
+    if not _BUCKET.fullmatch(bucket):
+        raise ValueError(
+            f"{argument}: {bucket!r} is not a valid S3 bucket name (3-63 characters: lowercase letters, "
+            "digits, dots and hyphens, starting and ending with a letter or digit)"
+        )
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -97,6 +109,7 @@ def resolve_targets(bucket_key: str | list[str], bucket_name: str | None) -> lis
             )
         else:
             bucket, relative = bucket_name, key
+        check_bucket_name(bucket, argument="bucket_name" if bucket_name is not None else "bucket_key")
         targets.append((bucket, relative))
     return targets
 

@@ -115,10 +115,10 @@ def test_unusable_connections_are_fatal(login: Any, password: Any, extra: dict[s
 
 def test_trigger_kwargs_round_trip_and_hold_no_secret() -> None:
     for trigger in (
-        S3KeyTrigger(bucket_key="s3://b1/k", aws_conn_id="c"),
-        S3KeyTrigger(bucket_key=["a/*.csv", "s3://b1/x"], bucket_name="b1", wildcard_match=True, min_size=5),
+        S3KeyTrigger(bucket_key="s3://bk1/k", aws_conn_id="c"),
+        S3KeyTrigger(bucket_key=["a/*.csv", "s3://bk1/x"], bucket_name="bk1", wildcard_match=True, min_size=5),
         S3KeyTrigger(
-            bucket_key="k", bucket_name="b1", aws_conn_id=None, poll_interval=5.5, deadline="2030-01-01T00:00:00+00:00"
+            bucket_key="k", bucket_name="bk1", aws_conn_id=None, poll_interval=5.5, deadline="2030-01-01T00:00:00+00:00"
         ),
     ):
         classpath, kwargs = trigger.serialize()
@@ -134,16 +134,16 @@ def test_trigger_kwargs_round_trip_and_hold_no_secret() -> None:
     [
         ({"bucket_key": "k"}, "bucket_name is required"),
         ({"bucket_key": []}, "bucket_key"),
-        ({"bucket_key": ["ok", 3], "bucket_name": "b"}, "bucket_key"),
+        ({"bucket_key": ["ok", 3], "bucket_name": "bkt"}, "bucket_key"),
         ({"bucket_key": "s3://only-bucket"}, "bucket_key"),
         ({"bucket_key": "gs://b/k"}, "bucket_key"),
-        ({"bucket_key": "s3://b1/k", "bucket_name": "b2"}, "bucket_name"),
+        ({"bucket_key": "s3://bk1/k", "bucket_name": "bk2"}, "bucket_name"),
         ({"bucket_key": "k", "bucket_name": ""}, "bucket_name"),
-        ({"bucket_key": "k", "bucket_name": "b", "wildcard_match": "yes"}, "wildcard_match"),
-        ({"bucket_key": "k", "bucket_name": "b", "min_size": -1}, "min_size"),
-        ({"bucket_key": "k", "bucket_name": "b", "min_size": True}, "min_size"),
-        ({"bucket_key": "k", "bucket_name": "b", "aws_conn_id": ""}, "aws_conn_id"),
-        ({"bucket_key": "k", "bucket_name": "b", "poll_interval": 0}, "poll_interval"),
+        ({"bucket_key": "k", "bucket_name": "bkt", "wildcard_match": "yes"}, "wildcard_match"),
+        ({"bucket_key": "k", "bucket_name": "bkt", "min_size": -1}, "min_size"),
+        ({"bucket_key": "k", "bucket_name": "bkt", "min_size": True}, "min_size"),
+        ({"bucket_key": "k", "bucket_name": "bkt", "aws_conn_id": ""}, "aws_conn_id"),
+        ({"bucket_key": "k", "bucket_name": "bkt", "poll_interval": 0}, "poll_interval"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict[str, Any], argument: str) -> None:
@@ -192,7 +192,7 @@ def test_retry_after_is_honoured() -> None:
 
 
 def test_botocore_errors_are_classified() -> None:
-    trigger = S3KeyTrigger(bucket_key="s3://b/k", aws_conn_id="c")
+    trigger = S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id="c")
     transient = [EndpointConnectionError(endpoint_url="http://x"), ReadTimeoutError(endpoint_url="http://x")]
     assert all(isinstance(trigger.classify_error(e), TransientError) for e in transient)
     assert trigger.classify_error(NoCredentialsError()).error_type == "no_credentials"
@@ -202,14 +202,14 @@ def test_botocore_errors_are_classified() -> None:
 
 # ------------------------------------------------------------------ connections, live
 async def test_unknown_connection_is_fatal() -> None:
-    payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://b/k", aws_conn_id="adk_missing_conn"))
+    payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id="adk_missing_conn"))
     assert (payload["status"], payload["error_type"]) == ("error", "connection_not_found")
     assert "adk_missing_conn" in payload["message"]
 
 
 async def test_role_arn_is_reported_as_unsupported(make_conn: Any, s3_server: services.S3Server) -> None:
     conn_id = make_conn(s3_server.endpoint_url, role_arn="arn:aws:iam::123456789012:role/r")
-    payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://b/k", aws_conn_id=conn_id))
+    payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id=conn_id))
     assert (payload["status"], payload["error_type"]) == ("error", "unsupported_connection")
 
 
@@ -229,7 +229,7 @@ async def test_service_endpoint_and_config_kwargs_are_used(
 
 async def test_invalid_config_kwargs_are_fatal(make_conn: Any, s3_server: services.S3Server) -> None:
     conn_id = make_conn(s3_server.endpoint_url, config_kwargs={"no_such_option": 1})
-    payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://b/k", aws_conn_id=conn_id))
+    payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id=conn_id))
     assert (payload["status"], payload["error_type"]) == ("error", "bad_connection")
 
 
@@ -280,7 +280,7 @@ async def test_no_credentials_anywhere_is_fatal(
 ) -> None:
     isolate_from_aws_config(monkeypatch, tmp_path)
     conn_id = make_conn(s3_server.endpoint_url, login=None, password=None)
-    payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://b/k", aws_conn_id=conn_id))
+    payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id=conn_id))
     assert (payload["status"], payload["error_type"]) == ("error", "no_credentials")
     assert conn_id in payload["message"]
 

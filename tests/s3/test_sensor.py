@@ -59,10 +59,10 @@ def sensor(**kwargs: Any) -> S3KeySensor:
     ("kwargs", "match"),
     [
         ({"bucket_key": "relative.csv"}, "bucket_name is required"),
-        ({"bucket_key": "s3://b1/k", "bucket_name": "other"}, "bucket_name"),
-        ({"bucket_key": "s3://b1/k", "min_size": -5}, "min_size"),
-        ({"bucket_key": "s3://b1/k", "wildcard_match": "yes"}, "wildcard_match"),
-        ({"bucket_key": "s3://b1/k", "poke_interval": 0}, "poke_interval"),
+        ({"bucket_key": "s3://bk1/k", "bucket_name": "other"}, "bucket_name"),
+        ({"bucket_key": "s3://bk1/k", "min_size": -5}, "min_size"),
+        ({"bucket_key": "s3://bk1/k", "wildcard_match": "yes"}, "wildcard_match"),
+        ({"bucket_key": "s3://bk1/k", "poke_interval": 0}, "poke_interval"),
     ],
 )
 def test_bad_arguments_fail_at_parse(kwargs: dict[str, Any], match: str) -> None:
@@ -83,11 +83,11 @@ def test_templated_values_are_validated_once_rendered() -> None:
     with pytest.raises(ValueError, match="bucket_name is required"):
         task.build_trigger(deadline=None)
 
-    task = sensor(bucket_key=("s3://b1/{{ ds }}/a.csv", "s3://b1/{{ ds }}/b.csv"), aws_conn_id="{{ params.conn }}")
+    task = sensor(bucket_key=("s3://bk1/{{ ds }}/a.csv", "s3://bk1/{{ ds }}/b.csv"), aws_conn_id="{{ params.conn }}")
     context = make_context(task, params={"conn": "aws_reporting"})
     task.render_template_fields(context)
     trigger = task.build_trigger(deadline=None)
-    assert trigger.bucket_key == [f"s3://b1/{context['ds']}/a.csv", f"s3://b1/{context['ds']}/b.csv"]
+    assert trigger.bucket_key == [f"s3://bk1/{context['ds']}/a.csv", f"s3://bk1/{context['ds']}/b.csv"]
     assert trigger.aws_conn_id == "aws_reporting"
 
 
@@ -97,7 +97,7 @@ def test_missing_extra_fails_at_parse_with_the_pip_command(monkeypatch: pytest.M
         extras.importlib.util, "find_spec", lambda name, *a: None if name == "aiobotocore" else real(name, *a)
     )
     with pytest.raises(extras.MissingExtraError, match=r"airflow-deferrable-kit\[s3\]"):
-        sensor(bucket_key="s3://b1/k")
+        sensor(bucket_key="s3://bk1/k")
 
 
 def test_modules_import_aiobotocore_only_inside_functions() -> None:
@@ -153,7 +153,7 @@ def test_already_present_key_finishes_in_the_worker(
 
 
 def test_resume_turns_the_event_into_the_outcome() -> None:
-    task = sensor(bucket_key="s3://b1/k", soft_fail=True)
+    task = sensor(bucket_key="s3://bk1/k", soft_fail=True)
     ok = {"status": "success", "keys": [{"key": "k"}], "keys_not_listed": 0}
     assert task.execute_complete(make_context(task), ok) == ok
     with pytest.raises(AirflowSkipException):
