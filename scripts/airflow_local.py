@@ -37,6 +37,10 @@ class LocalAirflow:
     port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _token: str | None = None
+    #: A metadata DB URL (e.g. ``postgresql+psycopg2://...``); ``None`` keeps SQLite in ``home``.
+    sql_alchemy_conn: str | None = None
+    #: How many triggerer processes to start (named ``triggerer``, ``triggerer-2``, ...).
+    triggerers: int = 1
 
     @property
     def base_url(self) -> str:
@@ -65,6 +69,8 @@ class LocalAirflow:
                 "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             }
         )
+        if self.sql_alchemy_conn is not None:
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.sql_alchemy_conn
         env.update(self.extra_env)
         return env
 
@@ -86,14 +92,22 @@ class LocalAirflow:
         if migrate.returncode != 0:
             raise ServiceUnavailable(f"airflow db migrate failed:\n{migrate.stderr[-3000:]}")
         for component in COMPONENTS:
-            args = [self._airflow(), component]
-            if component in ("scheduler", "triggerer"):
-                args.append("--skip-serve-logs")
-            log = open(self.home / f"{component}.log", "wb")  # noqa: SIM115 - closed with the process
-            self.processes[component] = subprocess.Popen(
-                args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.start_component(component)
+        for number in range(2, self.triggerers + 1):
+            self.start_component("triggerer", name=f"triggerer-{number}")
         self.wait_healthy(timeout=timeout)
+
+    def start_component(self, component: str, *, name: str | None = None) -> subprocess.Popen[bytes]:
+        """Start one Airflow component in its own session, logged to ``home/<name>.log``."""
+        name = name or component
+        args = [self._airflow(), component]
+        if component in ("scheduler", "triggerer"):
+            args.append("--skip-serve-logs")
+        log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        self.processes[name] = subprocess.Popen(
+            args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self.processes[name]
 
     def wait_healthy(self, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -60,3 +60,9 @@ def showcase(
 @pytest.fixture(scope="session")
 def airflow(showcase: Showcase) -> LocalAirflow:
     return showcase.airflow
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the end-to-end tests last: their Airflow keeps the machine busy once started, which
+    would disturb the event-loop blocking checks of the tests that measure it."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)

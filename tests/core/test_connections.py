@@ -36,7 +36,7 @@ async def test_a_thousand_concurrent_lookups_resolve_once_without_blocking(monke
         return await real(cls, conn_id)
 
     monkeypatch.setattr(BaseHook, "aget_connection", classmethod(counting))
-    with watch_blocking(0.1) as blocked:
+    with watch_blocking(0.2) as blocked:  # the triggerer watchdog's threshold
         results = await asyncio.gather(*(connections.get_connection("shared_lookup") for _ in range(1000)))
     assert {c.host for c in results} == {"example.invalid"}
     assert calls == 1

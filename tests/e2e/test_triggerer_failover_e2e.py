@@ -1,0 +1,113 @@
+"""HA on a real Airflow: two triggerers share a PostgreSQL metadata DB; SIGKILL the one holding
+a deferred task's trigger, and the other adopts it and the task succeeds.
+
+Starts its own Airflow (the session one runs on SQLite with one triggerer). The triggerers are
+started one after the other so each Airflow job id maps to its process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import psycopg2
+import pytest
+
+from scripts import services
+from scripts.airflow_local import LocalAirflow
+
+pytestmark = pytest.mark.e2e
+
+DAG = Path(__file__).parent / "dags" / "e2e_datetime.py"
+DAG_ID = "adk_e2e_datetime"
+T = TypeVar("T")
+
+
+def query(dsn: str, sql: str) -> list[tuple[object, ...]]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def wait_for(what: str, probe: Callable[[], T], *, steps: int = 240, step: float = 0.5) -> T:
+    for _ in range(steps):
+        value = probe()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"{what} did not happen in {steps} checks")
+
+
+@pytest.fixture
+def ha_airflow(postgres_server: services.Postgres) -> Iterator[tuple[LocalAirflow, str]]:
+    database = f"airflow_ha_{uuid.uuid4().hex[:8]}"
+    postgres_server.psql(f"CREATE DATABASE {database}")
+    dsn = f"postgresql://postgres@127.0.0.1:{postgres_server.port}/{database}"
+    dags = Path(tempfile.mkdtemp(prefix="adk-ha-dags-"))
+    shutil.copy(DAG, dags / DAG.name)
+    airflow = LocalAirflow(
+        dags_folder=dags,
+        sql_alchemy_conn=dsn.replace("postgresql://", "postgresql+psycopg2://"),
+        extra_env={"AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "6"},
+    )
+    try:
+        airflow.start()
+        yield airflow, dsn
+    finally:
+        airflow.stop()
+        shutil.rmtree(airflow.home, ignore_errors=True)
+        shutil.rmtree(dags, ignore_errors=True)
+
+
+def running_triggerers(dsn: str) -> list[int]:
+    rows = query(dsn, "SELECT id FROM job WHERE job_type = 'TriggererJob' AND state = 'running' ORDER BY id")
+    return [int(str(row[0])) for row in rows]
+
+
+def test_the_other_triggerer_adopts_the_trigger_of_a_killed_one(ha_airflow: tuple[LocalAirflow, str]) -> None:
+    airflow, dsn = ha_airflow
+    first_job = wait_for("the first triggerer job", lambda: running_triggerers(dsn))[0]
+    airflow.start_component("triggerer", name="triggerer-2")
+    jobs = wait_for("a second triggerer job", lambda: [j for j in running_triggerers(dsn) if j != first_job])
+    second_job = jobs[0]
+    process = {first_job: "triggerer", second_job: "triggerer-2"}
+
+    airflow.wait_for_dag(DAG_ID)
+    target = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=75)).replace(microsecond=0)
+    run_id = airflow.trigger(DAG_ID, {"target": target.isoformat()})
+
+    def assigned() -> list[tuple[object, ...]]:
+        rows = query(dsn, "SELECT id, triggerer_id FROM trigger")
+        return rows if len(rows) == 2 and all(row[1] is not None for row in rows) else []
+
+    rows = wait_for("both triggers assigned to a triggerer", assigned)
+    victim = int(str(rows[0][1]))
+    survivor = second_job if victim == first_job else first_job
+    assert dt.datetime.now(dt.timezone.utc) < target - dt.timedelta(seconds=20), "too slow to test adoption"
+    os.killpg(airflow.processes[process[victim]].pid, signal.SIGKILL)
+
+    def adopted() -> bool:
+        rows = query(dsn, "SELECT triggerer_id FROM trigger")
+        return len(rows) == 2 and all(row[0] == survivor for row in rows)
+
+    wait_for("the surviving triggerer adopting every trigger", adopted)
+    assert dt.datetime.now(dt.timezone.utc) < target  # adopted before the moment: the survivor fires it
+    watched = airflow.watch_run(DAG_ID, run_id, timeout=240)
+    assert watched.run_state == "success", watched.states
+    for task_id in ("resume_on_worker", "end_from_trigger"):
+        assert "deferred" in watched.states[task_id]
+        assert watched.states[task_id][-1] == "success"
+        assert airflow.xcom(DAG_ID, run_id, task_id) == {"status": "success", "target_time": target.isoformat()}
+    assert airflow.processes[process[victim]].poll() is not None  # the killed one stayed dead
