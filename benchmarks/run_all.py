@@ -1,0 +1,312 @@
+"""Run the triggerer-load matrix and write ``results.json`` and the tables of ``RESULTS.md``.
+
+Each cell is one ``triggerer_load.py`` process (kit and official side by side per kind and N,
+on fresh servers of the same kind). ``--plan`` picks the cells:
+
+* ``small``: N=100 and N=1,000, every kind, kit and official, poll 5 s, hold 10 s.
+* ``large``: N=10,000, every kind, poll 30 s, hold 30 s (kit; ``--official`` adds official).
+* ``baseline``: N=0 (the 10 ms lag ticker alone), subtracted from every CPU figure.
+
+``--report`` only rewrites the tables from ``results.json``. Results accumulate in
+``results.json`` (one object per run; a re-run of a cell replaces it).
+
+    PYTHONPATH=. python benchmarks/run_all.py --plan baseline --plan small --plan large
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results.json"
+REPORT = HERE / "RESULTS.md"
+START, END = "<!-- tables:start -->", "<!-- tables:end -->"
+
+KINDS = ("s3", "s3-one-prefix", "http", "postgres", "kafka", "datetime")
+HAS_OFFICIAL = {"s3", "s3-one-prefix", "http", "kafka", "datetime"}
+OFFICIAL_NAME = {
+    "s3": "amazon S3KeyTrigger",
+    "s3-one-prefix": "amazon S3KeyTrigger (wildcard)",
+    "http": "http HttpSensorTrigger",
+    "kafka": "apache-kafka AwaitMessageTrigger",
+    "datetime": "standard DateTimeTrigger",
+}
+LATENCY_TARGET = {"kafka": 0.2, "datetime": 0.2}  # absolute; others: poll interval + 0.5 s
+CPU_TARGET = {"datetime": 2.0}  # % of one core; others 50 %
+MIN_CPU_PCT = 1.0  # below this share of a core a CPU ratio is noise on this VM
+
+
+def cells(plan: str, official_large: bool, kinds: list[str], explicit: bool = False) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if plan == "baseline":
+        return [{"kind": "datetime", "impl": "kit", "n": 0, "poll": 5.0, "hold": 10.0, "warmup": 3.0}]
+    if plan == "small":
+        for n in (100, 1000):
+            for kind in kinds:
+                for impl in ("kit", "official"):
+                    if impl == "official" and kind not in HAS_OFFICIAL:
+                        continue
+                    out.append({"kind": kind, "impl": impl, "n": n, "poll": 5.0, "hold": 10.0, "warmup": 8.0})
+    if plan == "large":
+        # The all-keys-under-one-prefix layout is the most expensive: run it last, and only when
+        # asked by name (--kind s3-one-prefix): at N=1,000 it already saturated the loop.
+        for kind in sorted(kinds, key=lambda k: k == "s3-one-prefix"):
+            if kind == "s3-one-prefix" and not explicit:
+                continue
+            for impl in ("kit", "official") if official_large else ("kit",):
+                if impl == "official" and kind not in HAS_OFFICIAL:
+                    continue
+                out.append({"kind": kind, "impl": impl, "n": 10000, "poll": 30.0, "hold": 30.0, "warmup": 20.0})
+    return out
+
+
+def load() -> list[dict[str, Any]]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+
+
+def key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["kind"], r["impl"], r["n"], float(r["poll_interval"]))
+
+
+def run_cell(cell: dict[str, Any], python: str, timeout: float) -> dict[str, Any]:
+    cmd = [
+        python,
+        "-m",
+        "benchmarks.triggerer_load",
+        "--kind",
+        cell["kind"],
+        "--impl",
+        cell["impl"],
+        "--n",
+        str(cell["n"]),
+        "--poll-interval",
+        str(cell["poll"]),
+        "--hold",
+        str(cell["hold"]),
+        "--warmup",
+        str(cell["warmup"]),
+    ]
+    started = time.time()
+    print("$", "PYTHONPATH=.", *cmd[1:], flush=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if lines:
+            result: dict[str, Any] = json.loads(lines[-1])
+        else:
+            result = {"error": (proc.stderr or proc.stdout)[-1500:], "returncode": proc.returncode}
+    except subprocess.TimeoutExpired:
+        result = {"error": f"did not finish within {timeout:.0f} s"}
+        reap_orphans()
+    result.setdefault("kind", cell["kind"])
+    result.setdefault("impl", cell["impl"])
+    result.setdefault("n", cell["n"])
+    result.setdefault("poll_interval", cell["poll"])
+    result["command"] = "PYTHONPATH=. python " + " ".join(cmd[1:])
+    result["wall_s"] = round(time.time() - started, 1)
+    result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(json.dumps(result)[:400], flush=True)
+    return result
+
+
+def reap_orphans() -> None:
+    """After a killed cell: stop the bench servers and flipper it started (now orphans, by pid)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == 1 and ("benchmarks.servers" in cmdline or "benchmarks.triggerer_load --flipper" in cmdline):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGTERM)
+
+
+# ------------------------------------------------------------------------------- report
+def ticker_pct(results: list[dict[str, Any]]) -> float:
+    base = [r for r in results if r["n"] == 0 and "cpu_core_pct" in r]
+    return base[-1]["cpu_core_pct"] if base else 0.0
+
+
+def marginal_kb(done: list[dict[str, Any]], kind: str, impl: str) -> float | None:
+    """RSS growth per extra waiting trigger between the N=100 and N=1,000 runs."""
+    runs = {r["n"]: r for r in done if r["kind"] == kind and r["impl"] == impl}
+    if 100 not in runs or 1000 not in runs:
+        return None
+    grow = [runs[n]["rss_hold_kb"] - runs[n]["rss_base_kb"] for n in (100, 1000)]
+    return (grow[1] - grow[0]) / 900
+
+
+def net_pct(r: dict[str, Any], ticker: float) -> float:
+    return max(r["cpu_core_pct"] - ticker, 0.0)
+
+
+def net_per_poll_ms(r: dict[str, Any], ticker: float) -> float | None:
+    polls = r["n"] * r["hold_s"] / r["poll_interval"]
+    return 1000 * net_pct(r, ticker) / 100 * r["hold_s"] / polls if polls else None
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def ok(flag: bool | None) -> str:
+    return "-" if flag is None else ("met" if flag else "**missed**")
+
+
+def tables(results: list[dict[str, Any]]) -> str:
+    ticker = ticker_pct(results)
+    done = [r for r in results if "cpu_core_pct" in r and r["n"] > 0]
+    failed = [r for r in results if "error" in r]
+    lines = [
+        f"CPU figures are net of the 10 ms lag ticker itself ({ticker:.2f} % of a core, measured with N=0).",
+        "",
+        "### Every run",
+        "",
+        "| kind | impl | N | poll s | hold s | CPU % core (raw) | CPU ms/poll | RSS KB/trigger | sockets max | "
+        "events/N | latency p50 / p99 / max s | loop lag max ms (startup) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in sorted(done, key=lambda r: (r["n"], KINDS.index(r["kind"]), r["impl"])):
+        lines.append(
+            f"| {r['kind']} | {r['impl']} | {r['n']:,} | {fmt(r['poll_interval'])} | {fmt(r['hold_s'])} | "
+            f"{net_pct(r, ticker):.2f} ({r['cpu_core_pct']:.1f}) | {fmt(net_per_poll_ms(r, ticker))} | "
+            f"{fmt(r['rss_per_trigger_kb'])} | "
+            f"{r['sockets_max']} | {r['events']:,}/{r['n']:,} | {fmt(r['latency_p50_s'])} / "
+            f"{fmt(r['latency_p99_s'])} / {fmt(r['latency_max_s'])} | {r['lag_max_ms']} ({r['lag_max_startup_ms']}) |"
+        )
+    for r in failed:
+        lines.append(
+            f"| {r['kind']} | {r['impl']} | {r['n']:,} | {fmt(float(r['poll_interval']))} | "
+            f"did not complete: {r['error'][:150]!r} |||||||"
+        )
+
+    lines += ["", "### Kit vs official at equal N and poll interval", ""]
+    lines += [
+        "CPU ratio: official ÷ kit CPU per poll, net of the ticker; shown only when both use at least "
+        f"{MIN_CPU_PCT:g} % of a core (below that the difference is within the noise of this VM). "
+        "RSS ratio: official ÷ kit memory per waiting trigger, first as the marginal cost (slope of "
+        "RSS between N=100 and N=1,000, so shared clients drop out), then per run (RSS growth ÷ N).",
+        "",
+        "| kind | N | official trigger | CPU/poll official ÷ kit (≥ 3) | RSS/trigger official ÷ kit (≥ 50): "
+        "marginal; per run | sockets kit / official | latency p99 kit / official s (fired) |",
+        "|---|---:|---|---|---|---|---|",
+    ]
+    by_key = {key(r): r for r in done}
+    for r in sorted(done, key=lambda r: (r["n"], KINDS.index(r["kind"]))):
+        if r["impl"] != "kit":
+            continue
+        o = by_key.get((r["kind"], "official", r["n"], float(r["poll_interval"])))
+        if o is None:
+            continue
+        kit_cpu, off_cpu = net_per_poll_ms(r, ticker), net_per_poll_ms(o, ticker)
+        if net_pct(r, ticker) >= MIN_CPU_PCT and net_pct(o, ticker) >= MIN_CPU_PCT and kit_cpu and off_cpu:
+            cpu_ratio: float | None = off_cpu / kit_cpu
+            cpu_text = f"{fmt(cpu_ratio)}x {ok(cpu_ratio >= 3)}"
+        else:
+            cpu_ratio = None
+            cpu_text = f"below resolution ({net_pct(r, ticker):.1f} / {net_pct(o, ticker):.1f} % core)"
+        kit_m, off_m = marginal_kb(done, r["kind"], "kit"), marginal_kb(done, r["kind"], "official")
+        if kit_m is not None and off_m is not None:
+            m_ratio = off_m / max(kit_m, 0.5)
+            marginal = f"{fmt(off_m)} ÷ {fmt(kit_m)} KB = {fmt(m_ratio)}x {ok(m_ratio >= 50)}"
+        else:
+            marginal = "-"
+        rss_ratio = o["rss_per_trigger_kb"] / max(r["rss_per_trigger_kb"], 0.5)
+        lines.append(
+            f"| {r['kind']} | {r['n']:,} | {OFFICIAL_NAME[r['kind']]} | {cpu_text} | {marginal}; "
+            f"{fmt(rss_ratio)}x | {r['sockets_max']} / {o['sockets_max']} | {fmt(r['latency_p99_s'])} "
+            f"({r['events']:,}/{r['n']:,}) / {fmt(o['latency_p99_s'])} ({o['events']:,}/{o['n']:,}) |"
+        )
+
+    lines += ["", "### Targets at N=10,000, poll 30 s (kit)", ""]
+    lines += [
+        "| kind | CPU % core | RSS KB/trigger (slope 1k→10k) | sockets (100 / 1k / 10k) | latency p99 s (target) | "
+        "loop lag max ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kind in KINDS:
+        big = by_key.get((kind, "kit", 10000, 30.0))
+        if big is None:
+            failed_big = [r for r in failed if r["kind"] == kind and r["impl"] == "kit" and r["n"] == 10000]
+            status = f"did not complete: {failed_big[-1]['error']}" if failed_big else "not run"
+            lines.append(f"| {kind} | {status} ||||| ")
+            continue
+        cpu_target = CPU_TARGET.get(kind, 50.0)
+        cpu = net_pct(big, ticker)
+        mid = next((r for r in done if r["kind"] == kind and r["impl"] == "kit" and r["n"] == 1000), None)
+        small = next((r for r in done if r["kind"] == kind and r["impl"] == "kit" and r["n"] == 100), None)
+        slope = None
+        if mid is not None:
+            slope = (big["rss_hold_kb"] - big["rss_base_kb"] - (mid["rss_hold_kb"] - mid["rss_base_kb"])) / 9000
+        rss_met = slope < 20 if slope is not None else big["rss_per_trigger_kb"] < 20
+        socks = [x["sockets_max"] if x else None for x in (small, mid, big)]
+        bound = max(s for s in socks[:2] if s is not None) + 10 if any(socks[:2]) else 120
+        lat_target = LATENCY_TARGET.get(kind, 30.0 + 0.5)
+        p99 = big["latency_p99_s"]
+        lat_met = p99 is not None and p99 < lat_target and big["events"] == big["n"]
+        lines.append(
+            f"| {kind} | {cpu:.2f} (< {cpu_target:g}) {ok(cpu < cpu_target)} | {fmt(big['rss_per_trigger_kb'])} "
+            f"({fmt(slope)}) {ok(rss_met)} | {' / '.join(fmt(s) for s in socks)} {ok(big['sockets_max'] <= bound)} | "
+            f"{fmt(p99)} (< {lat_target:g}; {big['events']:,}/{big['n']:,} fired) {ok(lat_met)} | "
+            f"{big['lag_max_ms']} {ok(big['lag_max_ms'] < 100)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: list[dict[str, Any]]) -> None:
+    body = tables(results)
+    text = REPORT.read_text() if REPORT.exists() else f"# Benchmark results\n\n{START}\n{END}\n"
+    if START not in text:
+        text += f"\n{START}\n{END}\n"
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1] if END in rest else ""
+    REPORT.write_text(f"{head}{START}\n{body}{END}{tail}")
+    print(body)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--plan", action="append", choices=["baseline", "small", "large"], default=[])
+    parser.add_argument("--kind", action="append", choices=KINDS, help="limit to these kinds")
+    parser.add_argument("--n", type=int, action="append", help="limit to these N")
+    parser.add_argument("--impl", choices=["kit", "official"], help="limit to one implementation")
+    parser.add_argument("--official", action="store_true", help="also run official triggers at N=10,000")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--report", action="store_true", help="only rewrite RESULTS.md tables")
+    args = parser.parse_args()
+    results = load()
+    if not args.report:
+        kinds = args.kind or list(KINDS)
+        for plan in args.plan:
+            for cell in cells(plan, args.official, kinds, explicit=bool(args.kind)):
+                if args.n and cell["n"] not in args.n:
+                    continue
+                if args.impl and cell["impl"] != args.impl:
+                    continue
+                budget = cell["warmup"] + cell["hold"] + 2 * cell["poll"] + 20 + 30 + 60
+                result = run_cell(cell, args.python, budget)
+                results = [r for r in results if key(r) != key(result)] + [result]
+                RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    write_report(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Servers the load benchmark talks to, each run in its own process (never the measured one).
+
+* ``s3``: moto's S3 WSGI app served by uvicorn through a2wsgi, so HTTP keep-alive works
+  (``moto_server``'s Werkzeug server closes the connection after every response, which would
+  hide connection reuse).
+* ``http``: a tiny aiohttp app with one URL per wait: ``GET /ready/{i}`` answers 404 until
+  ``POST /flip`` is called, then 200 ``{"state": "ready", "id": i}``. ``POST /flip`` returns the
+  server time at which the condition turned true for every URL.
+
+Run ``python -m benchmarks.servers {s3|http} --port P``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def serve_s3(port: int) -> None:
+    import uvicorn
+    from a2wsgi import WSGIMiddleware
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    app = WSGIMiddleware(DomainDispatcherApplication(create_backend_app), workers=8)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=60)
+
+
+def serve_http(port: int) -> None:
+    from aiohttp import web
+
+    state = {"ready_at": None}
+
+    async def ready(request: web.Request) -> web.Response:
+        if state["ready_at"] is None:
+            return web.json_response({"state": "pending"}, status=404)
+        return web.json_response({"state": "ready", "id": request.match_info["i"]})
+
+    async def flip(request: web.Request) -> web.Response:
+        if state["ready_at"] is None:
+            state["ready_at"] = time.time()
+        return web.json_response({"ready_at": state["ready_at"]})
+
+    app = web.Application()
+    app.router.add_get("/ready/{i}", ready)
+    app.router.add_post("/flip", flip)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, keepalive_timeout=75)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("server", choices=["s3", "http"])
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    {"s3": serve_s3, "http": serve_http}[args.server](args.port)
+
+
+if __name__ == "__main__":
+    main()

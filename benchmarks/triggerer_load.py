@@ -1,0 +1,570 @@
+"""Triggerer load: N concurrent triggers of one kind in one asyncio loop, as the triggerer runs them.
+
+Each trigger is rebuilt from its serialized kwargs (``cls(**kwargs)``, as the triggerer does),
+run as an ``asyncio.Task`` iterating ``run()`` until its first event, and ``cleanup()`` is
+awaited at the end. The servers run in separate processes; so does the *flipper*, a helper
+process that prepares the server (bucket, table, topic) and, when told, makes every wait's
+condition true and reports the moment it did so for each wait.
+
+Phases: start N triggers -> ``--warmup`` s (first polls, client creation) -> ``--hold`` s of
+steady waiting (CPU, RSS, sockets, loop lag measured here) -> flip -> wait for the events
+(event latency = event time - moment the condition turned true for that wait) -> cleanup.
+
+Measured in this (the trigger) process only:
+
+* ``cpu_s_per_poll``: CPU seconds (user+sys) during the hold / (N x hold / poll interval), the
+  nominal number of polls. ``cpu_core_pct``: the same CPU as % of one core.
+* ``rss_per_trigger_kb``: (RSS at end of hold - RSS before any trigger existed) / N. This
+  includes the shared clients; ``run_all.py`` also reports the slope between two N.
+* ``sockets_max``: socket fds in ``/proc/self/fd`` (sampled every 0.25 s, whole run).
+* ``latency_*``: per-wait event latency; ``events`` / ``missing`` count waits that fired / not.
+* ``lag_max_ms``: worst lateness of a 10 ms ticker during hold + flip + events
+  (``lag_max_startup_ms``: during start + warmup).
+
+Usage::
+
+    python -m benchmarks.triggerer_load --kind s3 --impl kit --n 1000 --poll-interval 5 --hold 10
+
+Prints one JSON line. Run it with ``PYTHONPATH`` at the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import gc
+import json
+import logging
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("s3", "s3-one-prefix", "http", "postgres", "kafka", "datetime")
+BUCKET = "bench"
+TOPIC = "bench"
+SHARED_OTHER_OBJECTS = 100
+
+
+# ------------------------------------------------------------------------------ measuring
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def socket_count() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                count += 1
+    return count
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class LagMeter:
+    """A 10 ms ticker; records how late each tick fires."""
+
+    def __init__(self) -> None:
+        self.max_lag = 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            expected = loop.time() + 0.01
+            await asyncio.sleep(0.01)
+            self.max_lag = max(self.max_lag, loop.time() - expected)
+
+    def take(self) -> float:
+        value, self.max_lag = self.max_lag, 0.0
+        return value
+
+
+# -------------------------------------------------------------------------------- servers
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+@contextlib.contextmanager
+def bench_server(name: str):  # type: ignore[no-untyped-def]
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.servers", name, "--port", str(port)],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, proc)
+        yield f"http://127.0.0.1:{port}", port, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def servers(kind: str):  # type: ignore[no-untyped-def]
+    """Start what ``kind`` needs; yield (endpoint, server pid or None)."""
+    sys.path.insert(0, str(ROOT))
+    from scripts import services
+
+    if kind.startswith("s3"):
+        with bench_server("s3") as (url, _, pid):
+            yield url, pid
+    elif kind == "http":
+        with bench_server("http") as (url, _, pid):
+            yield url, pid
+    elif kind == "postgres":
+        with services.postgres() as pg:
+            yield pg.dsn, None
+    elif kind == "kafka":
+        with services.kafka() as broker:
+            yield broker.bootstrap_servers, broker.process.pid if broker.process else None
+    else:
+        yield None, None
+
+
+# -------------------------------------------------------------------------------- flipper
+def flipper_main(kind: str, n: int, endpoint: str) -> None:
+    """Separate process: prepare the server, print READY, flip on a line from stdin, print times."""
+    asyncio.run(_flipper(kind, n, endpoint))
+
+
+async def _flipper(kind: str, n: int, endpoint: str) -> None:
+    out = sys.stdout
+    loop = asyncio.get_running_loop()
+    if kind.startswith("s3"):
+        import boto3
+        from botocore.config import Config
+
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+            config=Config(max_pool_connections=16),
+        )
+        s3.create_bucket(Bucket=BUCKET)
+        if kind == "s3-one-prefix":
+            for j in range(SHARED_OTHER_OBJECTS):
+                s3.put_object(Bucket=BUCKET, Key=f"shared/other-{j}.txt", Body=b"x")
+        print("READY", file=out, flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+        times = [0.0] * n
+
+        def put(i: int) -> None:
+            key = f"own/{i}/data.csv" if kind == "s3" else f"shared/k-{i:05d}.csv"
+            s3.put_object(Bucket=BUCKET, Key=key, Body=b"a,b\n")
+            times[i] = time.time()
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(put, range(n)))
+    elif kind == "http":
+        import urllib.request
+
+        print("READY", file=out, flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+
+        def flip() -> float:
+            with urllib.request.urlopen(urllib.request.Request(f"{endpoint}/flip", method="POST")) as resp:
+                return float(json.loads(resp.read())["ready_at"])
+
+        ready_at = await loop.run_in_executor(None, flip)
+        times = [ready_at] * n
+    elif kind == "postgres":
+        import asyncpg
+
+        conn = await asyncpg.connect(endpoint)
+        await conn.execute("CREATE TABLE markers (id int PRIMARY KEY, state text NOT NULL)")
+        print("READY", file=out, flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+        await conn.execute("INSERT INTO markers SELECT g, 'ready' FROM generate_series(0, $1::int - 1) g", n)
+        times = [time.time()] * n
+        await conn.close()
+    elif kind == "kafka":
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=endpoint)
+        await admin.start()
+        await admin.create_topics([NewTopic(TOPIC, num_partitions=4, replication_factor=1)])
+        await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=endpoint, linger_ms=5)
+        await producer.start()
+        # A few unrelated messages so every reader has something to skip.
+        for j in range(10):
+            await producer.send_and_wait(TOPIC, json.dumps({"id": -1 - j}).encode())
+        print("READY", file=out, flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+        times = [0.0] * n
+
+        def stamp(i: int):  # type: ignore[no-untyped-def]
+            return lambda _fut: times.__setitem__(i, time.time())
+
+        futures = []
+        for i in range(n):
+            fut = await producer.send(TOPIC, json.dumps({"id": i}).encode(), key=str(i).encode())
+            fut.add_done_callback(stamp(i))
+            futures.append(fut)
+        await asyncio.gather(*futures)
+        await producer.stop()
+    else:
+        raise SystemExit(f"no flipper for {kind}")
+    print(json.dumps({"times": times}), file=out, flush=True)
+
+
+# ------------------------------------------------------------------------------ triggers
+def connections(kind: str, impl: str, endpoint: str | None, n: int) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if kind.startswith("s3"):
+        env["AIRFLOW_CONN_BENCH_AWS"] = json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "testing",
+                "password": "testing",
+                "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            }
+        )
+    elif kind == "http":
+        host, port = endpoint.removeprefix("http://").split(":")  # type: ignore[union-attr]
+        env["AIRFLOW_CONN_BENCH_HTTP"] = json.dumps(
+            {"conn_type": "http", "host": host, "port": int(port), "schema": "http"}
+        )
+    elif kind == "postgres":
+        port = endpoint.rsplit(":", 1)[1].split("/")[0]  # type: ignore[union-attr]
+        env["AIRFLOW_CONN_BENCH_PG"] = json.dumps(
+            {"conn_type": "postgres", "host": "127.0.0.1", "port": int(port), "login": "postgres", "schema": "postgres"}
+        )
+    elif kind == "kafka":
+        env["AIRFLOW_CONN_BENCH_KAFKA"] = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": endpoint}})
+        if impl == "official":
+            # The official trigger takes its group from the connection: one group per wait, so
+            # every wait reads every message (a shared group would split the partitions).
+            for i in range(n):
+                extra = {"bootstrap.servers": endpoint, "group.id": f"bench-{i}", "auto.offset.reset": "earliest"}
+                env[f"AIRFLOW_CONN_BENCH_KAFKA_{i}"] = json.dumps({"conn_type": "kafka", "extra": extra})
+    return env
+
+
+def build(kind: str, impl: str, n: int, poll: float, target: str | None) -> list[Any]:
+    """N triggers, each rebuilt from its serialized kwargs the way the triggerer does."""
+    made: list[Any] = []
+    if impl == "kit":
+        if kind.startswith("s3"):
+            from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger as cls
+        elif kind == "http":
+            from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger as cls  # type: ignore[assignment]
+        elif kind == "postgres":
+            from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger as cls  # type: ignore[assignment]
+        elif kind == "kafka":
+            from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger as cls  # type: ignore[assignment]
+        else:
+            from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger as cls  # type: ignore[assignment]
+        start_ms = int((time.time() - 60) * 1000)
+        for i in range(n):
+            if kind == "s3":
+                kw: dict[str, Any] = {"bucket_key": f"own/{i}/data.csv", "bucket_name": BUCKET}
+            elif kind == "s3-one-prefix":
+                kw = {"bucket_key": f"shared/*-{i:05d}.csv", "bucket_name": BUCKET, "wildcard_match": True}
+            elif kind == "http":
+                kw = {"http_conn_id": "bench_http", "endpoint": f"ready/{i}"}
+            elif kind == "postgres":
+                kw = {"postgres_conn_id": "bench_pg", "table": "markers", "match": {"id": i}}
+            elif kind == "kafka":
+                kw = {
+                    "topics": [TOPIC],
+                    "kafka_conn_id": "bench_kafka",
+                    "start_after_ms": start_ms,
+                    "acceptors": [
+                        {"state": "success", "matcher": "path", "argument": "id", "comparator": "equals", "expected": i}
+                    ],
+                }
+            else:
+                kw = {"target_time": target}
+            if kind.startswith("s3"):
+                kw["aws_conn_id"] = "bench_aws"
+            kw["poll_interval"] = poll
+            _, kwargs = cls(**kw).serialize()
+            made.append(cls(**kwargs))
+        return made
+    if kind.startswith("s3"):
+        from airflow.providers.amazon.aws.triggers.s3 import S3KeyTrigger as ocls
+
+        for i in range(n):
+            key = f"own/{i}/data.csv" if kind == "s3" else f"shared/*-{i:05d}.csv"
+            made.append(
+                ocls(
+                    bucket_name=BUCKET,
+                    bucket_key=key,
+                    wildcard_match=kind != "s3",
+                    aws_conn_id="bench_aws",
+                    poke_interval=poll,
+                )
+            )
+    elif kind == "http":
+        from airflow.providers.http.triggers.http import HttpSensorTrigger as ocls  # type: ignore[assignment]
+
+        made = [ocls(endpoint=f"ready/{i}", http_conn_id="bench_http", poke_interval=poll) for i in range(n)]
+    elif kind == "kafka":
+        from airflow.providers.apache.kafka.triggers.await_message import AwaitMessageTrigger as ocls  # type: ignore[assignment]
+
+        made = [
+            ocls(
+                topics=[TOPIC],
+                apply_function="benchmarks.kafka_match.match_id",
+                apply_function_args=[i],
+                kafka_config_id=f"bench_kafka_{i}",
+                poll_interval=poll,
+            )
+            for i in range(n)
+        ]
+    elif kind == "datetime":
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger as ocls  # type: ignore[assignment]
+
+        moment = dt.datetime.fromisoformat(target)  # type: ignore[arg-type]
+        made = [ocls(moment=moment) for _ in range(n)]
+    else:
+        raise SystemExit(f"no official trigger of kind {kind}")
+    rebuilt = []
+    for trigger in made:
+        _, kwargs = trigger.serialize()
+        rebuilt.append(type(trigger)(**kwargs))
+    return rebuilt
+
+
+# ---------------------------------------------------------------------------------- run
+async def run_trigger(trigger: Any, index: int, fired: dict[int, float], events: dict[int, Any]) -> None:
+    """What the TriggerRunner does with one trigger: iterate run() to the first event, then cleanup()."""
+    try:
+        async for event in trigger.run():
+            fired[index] = time.time()
+            events[index] = event.payload
+            break
+    finally:
+        with contextlib.suppress(Exception):
+            await trigger.cleanup()
+
+
+async def measure(args: argparse.Namespace, flipper: subprocess.Popen[str] | None, target_ts: float | None) -> dict:
+    loop = asyncio.get_running_loop()
+    lag = LagMeter()
+    ticker = asyncio.ensure_future(lag.run())
+    sockets_max = [socket_count()]
+    stop_sampling = threading.Event()
+
+    def sample() -> None:  # in a thread so sampling costs nothing on the loop under test
+        while not stop_sampling.wait(0.25):
+            sockets_max[0] = max(sockets_max[0], socket_count())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    gc.collect()
+    rss0 = rss_kb()
+    target = dt.datetime.fromtimestamp(target_ts, tz=dt.timezone.utc).isoformat() if target_ts else None
+    t_build = time.monotonic()
+    triggers = build(args.kind, args.impl, args.n, args.poll_interval, target)
+    fired: dict[int, float] = {}
+    events: dict[int, Any] = {}
+    tasks = [asyncio.ensure_future(run_trigger(t, i, fired, events)) for i, t in enumerate(triggers)]
+    del triggers
+    build_s = time.monotonic() - t_build
+
+    await asyncio.sleep(args.warmup)
+    lag_startup = lag.take()
+    early = len(fired)
+    cpu0, t0 = cpu_seconds(), time.monotonic()
+    rss_samples = []
+    while time.monotonic() - t0 < args.hold:
+        await asyncio.sleep(min(1.0, args.hold))
+        rss_samples.append(rss_kb())
+    cpu1, t1 = cpu_seconds(), time.monotonic()
+    rss1 = rss_kb()
+    hold = t1 - t0
+    polls = args.n * hold / args.poll_interval
+
+    # Flip the condition and wait for the events.
+    times: list[float]
+    if flipper is not None:
+        flipper.stdin.write("FLIP\n")  # type: ignore[union-attr]
+        flipper.stdin.flush()  # type: ignore[union-attr]
+        line = await loop.run_in_executor(None, flipper.stdout.readline)  # type: ignore[union-attr]
+        times = json.loads(line)["times"]
+    else:
+        times = [target_ts or 0.0] * args.n
+    deadline = time.monotonic() + args.event_timeout
+    while len(fired) < args.n and time.monotonic() < deadline and not all(t.done() for t in tasks):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    lag_run = lag.take()
+    cpu2 = cpu_seconds()
+
+    pending = [t for t in tasks if not t.done()]
+    for task in pending:
+        task.cancel()
+    t_cancel = time.monotonic()
+    # A trigger whose cleanup blocks (a stuck sync thread) must not hang the benchmark.
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    cancel_s = time.monotonic() - t_cancel
+    ticker.cancel()
+    stop_sampling.set()
+
+    latencies = [fired[i] - times[i] for i in fired if times[i]]
+    statuses: dict[str, int] = {}
+    for payload in events.values():
+        status = payload.get("status", "?") if isinstance(payload, dict) else repr(payload)[:20]
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    return {
+        "kind": args.kind,
+        "impl": args.impl,
+        "n": args.n,
+        "poll_interval": args.poll_interval,
+        "warmup_s": args.warmup,
+        "hold_s": round(hold, 2),
+        "build_s": round(build_s, 2),
+        "fired_before_flip": early,
+        "cpu_hold_s": round(cpu1 - cpu0, 3),
+        "cpu_core_pct": round(100 * (cpu1 - cpu0) / hold, 2),
+        "cpu_s_per_poll": (cpu1 - cpu0) / polls if polls else None,
+        "cpu_flip_s": round(cpu2 - cpu1, 3),
+        "rss_base_kb": rss0,
+        "rss_hold_kb": rss1,
+        "rss_max_kb": max(rss_samples or [rss1]),
+        "rss_per_trigger_kb": round((rss1 - rss0) / args.n, 3) if args.n else None,
+        "sockets_max": sockets_max[0],
+        "events": len(fired),
+        "missing": args.n - len(fired),
+        "statuses": statuses,
+        "flip_spread_s": round(max(times) - min(times), 3) if times else None,
+        "latency_p50_s": percentile(latencies, 0.5),
+        "latency_p99_s": percentile(latencies, 0.99),
+        "latency_max_s": max(latencies) if latencies else None,
+        "latency_mean_s": statistics.fmean(latencies) if latencies else None,
+        "lag_max_ms": round(lag_run * 1000, 1),
+        "lag_max_startup_ms": round(lag_startup * 1000, 1),
+        "cancel_s": round(cancel_s, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--kind", choices=KINDS)
+    parser.add_argument("--impl", choices=["kit", "official"], default="kit")
+    parser.add_argument("--n", type=int, default=100)
+    parser.add_argument("--poll-interval", type=float, default=30.0)
+    parser.add_argument("--hold", type=float, default=30.0, help="seconds of steady waiting measured")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds before the hold (default: poll + 3)")
+    parser.add_argument("--event-timeout", type=float, default=None, help="default: 2 x poll + 20")
+    parser.add_argument("--out", help="append the JSON line to this file too")
+    parser.add_argument("--flipper", nargs=3, metavar=("KIND", "N", "ENDPOINT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.flipper:
+        flipper_main(args.flipper[0], int(args.flipper[1]), args.flipper[2])
+        return 0
+    if args.kind is None:
+        parser.error("--kind is required")
+    if args.warmup is None:
+        args.warmup = args.poll_interval + 3
+    if args.event_timeout is None:
+        args.event_timeout = 2 * args.poll_interval + 20
+
+    home = tempfile.mkdtemp(prefix="adk-bench-")
+    os.environ.update(
+        AIRFLOW_HOME=home,
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
+        AIRFLOW__CORE__UNIT_TEST_MODE="False",
+    )
+    real_stdout = sys.stdout
+    with servers(args.kind) as (endpoint, server_pid), contextlib.ExitStack() as stack:
+        os.environ.update(connections(args.kind, args.impl, endpoint, args.n))
+        flipper = None
+        if args.kind != "datetime":
+            flipper = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.triggerer_load", "--flipper", args.kind, str(args.n), endpoint],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            stack.callback(flipper.kill)
+            ready = flipper.stdout.readline().strip()  # type: ignore[union-attr]
+            if ready != "READY":
+                raise SystemExit(f"flipper failed to prepare the {args.kind} server: {ready!r}")
+        # Import Airflow and the trigger modules (and their clients) before the baseline.
+        import airflow  # noqa: F401
+
+        build(args.kind, args.impl, 1, args.poll_interval, dt.datetime.now(dt.timezone.utc).isoformat())
+        if args.kind == "kafka" and args.impl == "kit":
+            import aiokafka  # noqa: F401
+        logging.getLogger().setLevel(logging.WARNING)
+        for name in ("airflow", "airflow_deferrable_kit", "airflow.triggers", "aiokafka", "botocore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        # The official S3 trigger print()s every poll; that cost stays, its output goes nowhere.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        target_ts = None
+        if args.kind == "datetime":
+            target_ts = time.time() + args.warmup + args.hold + 0.5
+        loop = asyncio.new_event_loop()
+        try:
+            result = loop.run_until_complete(measure(args, flipper, target_ts))
+        finally:
+            sys.stdout = real_stdout
+        result["server_pid"] = server_pid
+    line = json.dumps(result)
+    print(line, flush=True)
+    if args.out:
+        with open(args.out, "a") as handle:
+            handle.write(line + "\n")
+    # Official triggers may leave threads blocked in sync client calls: do not wait for them.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
