@@ -232,10 +232,17 @@ def tansu_binary() -> Path:
 
 @dataclass
 class Kafka:
-    """A Kafka-protocol broker; ``restart()`` bounces it on the same port (memory storage is lost)."""
+    """A Kafka-protocol broker; ``restart()`` bounces it on the same port.
+
+    Memory storage (the default) is lost on restart; an ``s3://bucket/`` storage with the S3
+    settings in ``env`` survives it, for tests that kill the broker mid-wait.
+    """
 
     port: int
     binary: Path
+    storage: str = "memory://tansu/"
+    env: dict[str, str] | None = None
+    extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -253,11 +260,13 @@ class Kafka:
                 "--advertised-listener-url",
                 url,
                 "--storage-engine",
-                "memory://tansu/",
+                self.storage,
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=self.env,
         )
         wait_for_port(self.port, timeout=30, proc=self.process, what="tansu broker")
 
@@ -265,6 +274,14 @@ class Kafka:
         if self.process is not None:
             stop_process(self.process)
             self.process = None
+
+    def kill(self) -> None:
+        """Stop it the hard way (SIGKILL), as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self.process = None
 
     def restart(self, down_seconds: float = 0.0) -> None:
         self.stop()

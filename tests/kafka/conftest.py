@@ -8,8 +8,6 @@ import contextlib
 import itertools
 import json
 import os
-import signal
-import subprocess
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -162,48 +160,12 @@ def frozen_gc() -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------- private brokers
-@dataclass
-class PrivateBroker:
-    """A tansu broker of our own, so a test can kill and restart it without disturbing others."""
+#: A tansu broker of a test's own, so it can kill and restart it without disturbing others.
+PrivateBroker = services.Kafka
 
-    port: int
-    storage: str
-    env: dict[str, str]
-    extra_args: tuple[str, ...] = ()
-    process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        url = f"tcp://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [
-                str(services.tansu_binary()),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                self.storage,
-                *self.extra_args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            env=self.env,
-        )
-        services.wait_for_port(self.port, timeout=30, proc=self.process, what="tansu broker")
-
-    def kill(self) -> None:
-        """Stop it the hard way (SIGKILL), as a crash would."""
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        self.process = None
+def private_broker(**options: Any) -> services.Kafka:
+    return services.Kafka(port=services.free_port(), binary=services.tansu_binary(), **options)
 
 
 @pytest.fixture
@@ -228,7 +190,7 @@ def durable_broker(s3_server: services.S3Server) -> Iterator[PrivateBroker]:
         AWS_DEFAULT_REGION="us-east-1",
         AWS_REGION="us-east-1",
     )
-    broker = PrivateBroker(port=services.free_port(), storage=f"s3://{bucket}/", env=env)
+    broker = private_broker(storage=f"s3://{bucket}/", env=env)
     broker.start()
     try:
         yield broker
@@ -239,9 +201,7 @@ def durable_broker(s3_server: services.S3Server) -> Iterator[PrivateBroker]:
 @pytest.fixture
 def authenticating_broker() -> Iterator[PrivateBroker]:
     """A broker that requires SASL authentication (and knows no users)."""
-    broker = PrivateBroker(
-        port=services.free_port(), storage="memory://tansu/", env=dict(os.environ), extra_args=("--authentication",)
-    )
+    broker = private_broker(extra_args=("--authentication",))
     broker.start()
     try:
         yield broker
