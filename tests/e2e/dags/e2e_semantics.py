@@ -22,7 +22,9 @@ with DAG(dag_id="adk_e2e_semantics", schedule=None, start_date=dt.datetime(2024,
         target_time="2999-01-01T00:00:00+00:00",
         deferrable=True,
         poke_interval=60,
-        timeout=5,
+        # Long enough that the timeout event comes well after the deferral: a resume within a
+        # second or so of deferring can race Airflow 3.3.2's bookkeeping of the worker's exit.
+        timeout=20,
         soft_fail=True,
     )
     HttpBatchReadySensor(
