@@ -11,11 +11,15 @@ in one place.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import datetime as dt
 import json
+import math
 import random
 import time
+import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any, ClassVar
 
@@ -50,6 +54,101 @@ from airflow_deferrable_kit.payload import (
 MIN_RETRY_DELAY = 0.1
 #: Shortest sleep between two polls of any kind.
 MIN_POLL_DELAY = 0.001
+#: How long one loop iteration may spend on waits woken together before the rest wait a turn.
+TURN_BUDGET = 0.02
+#: Waits woken per loop iteration: where the pace starts and its bounds while it adapts.
+WAKES_PER_TURN_START, WAKES_PER_TURN_MIN, WAKES_PER_TURN_MAX = 16, 4, 4096
+#: Sleeps ending within the same slot of this many seconds share one timer (never ending early).
+WAKE_RESOLUTION = 0.005
+
+#: The pacer turn in which this task was last woken: its next turn request passes at once.
+_woken_in_turn: contextvars.ContextVar[int] = contextvars.ContextVar("woken_in_turn", default=-1)
+
+
+class _Pacer:
+    """Wake sleeping waits a batch per loop iteration, oldest first, so no iteration runs long.
+
+    Ten thousand waits that wake at the same instant (one target time, a mass deferral, a
+    triggerer restart) would otherwise all run in one loop iteration, and every other trigger's
+    callback would wait seconds behind them. Sleeps ending in the same ``WAKE_RESOLUTION`` slot
+    share one timer; when it fires its sleepers join a queue that each iteration drains a batch
+    of. The batch grows while an iteration stays well under ``TURN_BUDGET`` and halves when it
+    goes over, so cheap wake-ups (a clock read) go fast and costly ones (a signed request) stay
+    spread out. Waits that wake at different moments pass straight through.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._slots: dict[int, list[asyncio.Future[None]]] = {}
+        self._due: deque[asyncio.Future[None]] = deque()
+        self._per_turn = WAKES_PER_TURN_START
+        self._woken = 0
+        self._turn = 0
+        self._turn_started = loop.time()
+        self._turn_scheduled = False
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep at least ``seconds`` (``0``: just take a turn), then wait for this wait's turn."""
+        if seconds <= 0:
+            if _woken_in_turn.get() == self._turn:
+                return  # woken from a sleep in this very turn: already counted
+            if not self._due and self._woken < self._per_turn:
+                self._woken += 1
+                self._schedule_turn()
+                return
+            ticket = self._loop.create_future()
+            self._due.append(ticket)
+            self._schedule_turn()
+        else:
+            slot = math.ceil((self._loop.time() + seconds) / WAKE_RESOLUTION)
+            ticket = self._loop.create_future()
+            sleepers = self._slots.get(slot)
+            if sleepers is None:
+                sleepers = self._slots[slot] = []
+                self._loop.call_at(slot * WAKE_RESOLUTION, self._slot_due, slot)
+            sleepers.append(ticket)
+        await ticket  # a cancelled ticket is skipped when its turn comes
+        _woken_in_turn.set(self._turn)
+
+    def _slot_due(self, slot: int) -> None:
+        self._due.extend(self._slots.pop(slot))
+        self._schedule_turn()
+
+    def _schedule_turn(self) -> None:
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        now = self._loop.time()
+        if self._woken >= self._per_turn:  # the last batch was full: adapt to what it cost
+            took = now - self._turn_started
+            if took > TURN_BUDGET:
+                self._per_turn = max(self._per_turn // 2, WAKES_PER_TURN_MIN)
+            elif took < TURN_BUDGET / 2:
+                self._per_turn = min(self._per_turn * 2, WAKES_PER_TURN_MAX)
+        self._turn += 1
+        self._turn_started = now
+        self._turn_scheduled = False
+        self._woken = 0
+        while self._due and self._woken < self._per_turn:
+            ticket = self._due.popleft()
+            if not ticket.done():
+                ticket.set_result(None)
+                self._woken += 1
+        if self._woken or self._due:
+            self._schedule_turn()
+
+
+_pacers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer] = weakref.WeakKeyDictionary()
+
+
+def _pacer() -> _Pacer:
+    loop = asyncio.get_running_loop()
+    pacer = _pacers.get(loop)
+    if pacer is None:
+        pacer = _pacers[loop] = _Pacer(loop)
+    return pacer
 
 
 class Clock:
@@ -59,7 +158,7 @@ class Clock:
         return time.time()
 
     async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        await _pacer().sleep(seconds)
 
 
 SYSTEM_CLOCK = Clock()
@@ -106,6 +205,9 @@ class PollingTrigger(BaseTrigger):
     extra: ClassVar[str | None] = None
     extra_modules: ClassVar[tuple[str, ...]] = ()
     clock: ClassVar[Clock] = SYSTEM_CLOCK
+    #: Start the second poll at a random phase within one interval, so waits deferred together
+    #: do not poll together for ever. ``False`` for a check that costs nothing (a clock read).
+    spread_polls: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -209,6 +311,7 @@ class PollingTrigger(BaseTrigger):
         """Poll until done and return the single payload (the loop behind :meth:`run`)."""
         self.log.info("Waiting: %s (deadline %s)", self.describe(), self.deadline or "none")
         failures = 0
+        phased = not self.spread_polls
         while True:
             left = self.seconds_left()
             if left is not None and left <= 0:
@@ -235,12 +338,16 @@ class PollingTrigger(BaseTrigger):
                 if outcome is _DEADLINE:
                     return self._timed_out()
                 if isinstance(outcome, Found):
-                    self.log.info("Wait satisfied: %s", self.describe())
+                    # At debug: Airflow's own "Trigger fired event" line already says so, with the payload.
+                    self.log.debug("Wait satisfied: %s", self.describe())
                     return self._safe(success_payload, outcome)
                 if failures:
                     self.log.info("Recovered after %d transient error(s)", failures)
                 failures = 0
                 delay = max(self.next_poll_delay(), MIN_POLL_DELAY)
+                if not phased:
+                    phased = True
+                    delay = self.phase(delay)
             left = self.seconds_left()
             if left is not None:
                 delay = min(delay, max(left, 0.0))
@@ -248,6 +355,7 @@ class PollingTrigger(BaseTrigger):
 
     async def _check_before(self, left: float | None) -> Found | object | None:
         """Run one check, abandoning it if the deadline passes while it is in flight."""
+        await _pacer().sleep(0)  # a turn: waits woken together check a few per loop iteration
         if left is None:
             return await self.check()
         task = asyncio.ensure_future(self.check())
@@ -262,6 +370,16 @@ class PollingTrigger(BaseTrigger):
             await asyncio.gather(task, return_exceptions=True)
             return _DEADLINE
         return task.result()
+
+    def phase(self, delay: float) -> float:
+        """The first healthy delay, shortened by a random part of one poll interval.
+
+        Waits deferred in the same instant would otherwise poll in the same instant every
+        interval. The next poll is never later than ``delay``, so "found within one poll
+        interval" still holds, and it is never earlier than ``delay - poll_interval`` (a
+        Retry-After is honoured up to one interval). Later polls keep the phase.
+        """
+        return max(delay - random.uniform(0.0, float(self.poll_interval)), MIN_POLL_DELAY)
 
     def backoff_delay(self, failures: int, retry_after: float | None = None) -> float:
         """Full-jitter exponential backoff: uniform in [0, min(cap, interval * 2^n)], with a floor."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
 import json
+import time
 
 import pytest
 from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
@@ -12,9 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_deferrable_kit import clients
-from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
+from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, Found
 from airflow_deferrable_kit.testing import FakeClock, run_trigger, run_trigger_payload
-from airflow_deferrable_kit.triggers.base import MIN_RETRY_DELAY, deadline_after
+from airflow_deferrable_kit.triggers.base import (
+    MIN_RETRY_DELAY,
+    TURN_BUDGET,
+    WAKES_PER_TURN_START,
+    deadline_after,
+)
 from tests.core.sample import CHECKS, LeasingTrigger, ScriptedTrigger, script
 
 
@@ -78,7 +85,65 @@ async def test_success_after_not_yet_polls_at_the_interval() -> None:
     trigger = scripted("ok", "none", "none", "found", clock=clock, poll_interval=7)
     payload = await run_trigger_payload(trigger)
     assert payload == {"status": "success", "script": "ok", "checks": 3}
-    assert clock.sleeps == [7, 7]
+    first, second = clock.sleeps
+    assert 0 < first <= 7  # the random phase: never later than one interval
+    assert second == 7  # then exactly the interval
+
+
+async def test_waits_started_together_poll_at_spread_phases() -> None:
+    clocks = [FakeClock() for _ in range(300)]
+    triggers = [
+        scripted(f"phase-{i}", "none", "none", "found", clock=c, poll_interval=10) for i, c in enumerate(clocks)
+    ]
+    await asyncio.gather(*(run_trigger_payload(t) for t in triggers))
+    phases = sorted(c.sleeps[0] for c in clocks)
+    assert all(0 < p <= 10 for p in phases)
+    # Spread over the whole interval: every tenth of it holds some first polls.
+    assert {int(p) for p in phases} == set(range(10))
+    assert all(c.sleeps[1] == 10 for c in clocks)
+
+
+async def checks_per_loop_iteration(count: int, cost: float) -> collections.Counter[int]:
+    """Start ``count`` waits at once whose check busies the loop ``cost`` s; checks per iteration."""
+    iteration = 0
+    started: list[int] = []
+
+    async def count_iterations() -> None:
+        nonlocal iteration
+        while True:
+            iteration += 1
+            await asyncio.sleep(0)
+
+    class Costly(ScriptedTrigger):
+        async def check(self) -> Found | None:
+            started.append(iteration)
+            busy_until = time.perf_counter() + cost  # CPU a real check spends (signing, parsing)
+            while time.perf_counter() < busy_until:
+                pass
+            return await super().check()
+
+    counter = asyncio.create_task(count_iterations())
+    try:
+        triggers = [Costly(script=script(f"burst-{cost}-{i}", "found")) for i in range(count)]
+        payloads = await asyncio.gather(*(run_trigger_payload(t) for t in triggers))
+    finally:
+        counter.cancel()
+    assert [p["status"] for p in payloads] == ["success"] * count
+    return collections.Counter(started)
+
+
+async def test_costly_checks_that_wake_together_are_spread_over_loop_iterations() -> None:
+    per_iteration = await checks_per_loop_iteration(200, cost=0.002)
+    # 200 x 2 ms in one iteration would stall every other trigger for 0.4 s.
+    assert max(per_iteration.values()) <= WAKES_PER_TURN_START
+    assert max(per_iteration.values()) * 0.002 <= 2 * TURN_BUDGET
+    assert len(per_iteration) >= 200 // WAKES_PER_TURN_START
+
+
+async def test_cheap_checks_that_wake_together_go_in_growing_batches() -> None:
+    per_iteration = await checks_per_loop_iteration(3000, cost=0.0)
+    assert max(per_iteration.values()) > WAKES_PER_TURN_START  # the pace grew
+    assert len(per_iteration) < 3000 // WAKES_PER_TURN_START
 
 
 async def test_deadline_is_absolute_so_a_rebuilt_trigger_keeps_the_same_clock() -> None:
@@ -121,7 +186,7 @@ async def test_transient_errors_back_off_exponentially_with_full_jitter_then_res
     assert len(sleeps) == len(steps) - 1  # a sleep before every check but the first
     for failures, delay in enumerate(sleeps[:8], start=1):
         assert MIN_RETRY_DELAY <= delay <= min(60, 2**failures)
-    assert sleeps[8] == 1  # the healthy poll resets the backoff: back to the interval
+    assert 0 < sleeps[8] <= 1  # the healthy poll resets the backoff: back to (a phase of) the interval
     assert MIN_RETRY_DELAY <= sleeps[9] <= 2  # and the next storm starts from the bottom
     assert MIN_RETRY_DELAY <= sleeps[10] <= 4
 
@@ -155,7 +220,8 @@ async def test_fatal_error_ends_at_once_with_an_error_event() -> None:
     trigger = scripted("deny", "none", "fatal", clock=clock, poll_interval=2)
     payload = await run_trigger_payload(trigger)
     assert payload == {"status": "error", "error_type": "access_denied", "message": "access denied to the thing"}
-    assert clock.sleeps == [2]
+    assert len(clock.sleeps) == 1
+    assert 0 < clock.sleeps[0] <= 2
 
 
 async def test_unexpected_exception_is_an_error_event_not_a_crash_or_a_loop() -> None:
