@@ -26,13 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.triggerer_load import HOLD_PREFIX, KINDS
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results.json"
 REPORT = HERE / "RESULTS.md"
 START, END = "<!-- tables:start -->", "<!-- tables:end -->"
 
-KINDS = ("s3", "s3-one-prefix", "http", "postgres", "kafka", "datetime")
 HAS_OFFICIAL = {"s3", "s3-one-prefix", "http", "kafka", "datetime"}
 OFFICIAL_NAME = {
     "s3": "amazon S3KeyTrigger",
@@ -105,8 +106,8 @@ def run_cell(cell: dict[str, Any], python: str, timeout: float) -> dict[str, Any
             result: dict[str, Any] = json.loads(lines[-1])
         else:
             result = {"error": (proc.stderr or proc.stdout)[-1500:], "returncode": proc.returncode}
-    except subprocess.TimeoutExpired:
-        result = {"error": f"did not finish within {timeout:.0f} s"}
+    except subprocess.TimeoutExpired as exc:
+        result = {"error": f"did not finish within {timeout:.0f} s", **steady_figures(exc.stderr)}
         reap_orphans()
     result.setdefault("kind", cell["kind"])
     result.setdefault("impl", cell["impl"])
@@ -117,6 +118,16 @@ def run_cell(cell: dict[str, Any], python: str, timeout: float) -> dict[str, Any
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(json.dumps(result)[:400], flush=True)
     return result
+
+
+def steady_figures(stderr: str | bytes | None) -> dict[str, Any]:
+    """The hold-phase figures a cell printed before it was killed, if it got that far."""
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
+    for line in reversed(text.splitlines()):
+        if line.startswith(HOLD_PREFIX):
+            figures: dict[str, Any] = json.loads(line[len(HOLD_PREFIX) :])
+            return figures
+    return {}
 
 
 def reap_orphans() -> None:

@@ -54,6 +54,8 @@ KINDS = ("s3", "s3-one-prefix", "http", "postgres", "kafka", "datetime")
 BUCKET = "bench"
 TOPIC = "bench"
 SHARED_OTHER_OBJECTS = 100
+#: stderr prefix of the steady-state figures, printed before the flip.
+HOLD_PREFIX = "HOLD "
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -427,6 +429,20 @@ async def measure(args: argparse.Namespace, flipper: subprocess.Popen[str] | Non
     rss1 = rss_kb()
     hold = t1 - t0
     polls = args.n * hold / args.poll_interval
+    steady = {
+        "hold_s": round(hold, 2),
+        "fired_before_flip": early,
+        "cpu_hold_s": round(cpu1 - cpu0, 3),
+        "cpu_core_pct": round(100 * (cpu1 - cpu0) / hold, 2),
+        "cpu_s_per_poll": (cpu1 - cpu0) / polls if polls else None,
+        "rss_base_kb": rss0,
+        "rss_hold_kb": rss1,
+        "rss_max_kb": max(rss_samples or [rss1]),
+        "rss_per_trigger_kb": round((rss1 - rss0) / args.n, 3) if args.n else None,
+        "lag_max_startup_ms": round(lag_startup * 1000, 1),
+    }
+    # The steady-state figures survive even if the flip or the events never finish.
+    print(HOLD_PREFIX + json.dumps(steady), file=sys.stderr, flush=True)
 
     # Flip the condition and wait for the events.
     times: list[float]
@@ -465,17 +481,9 @@ async def measure(args: argparse.Namespace, flipper: subprocess.Popen[str] | Non
         "n": args.n,
         "poll_interval": args.poll_interval,
         "warmup_s": args.warmup,
-        "hold_s": round(hold, 2),
         "build_s": round(build_s, 2),
-        "fired_before_flip": early,
-        "cpu_hold_s": round(cpu1 - cpu0, 3),
-        "cpu_core_pct": round(100 * (cpu1 - cpu0) / hold, 2),
-        "cpu_s_per_poll": (cpu1 - cpu0) / polls if polls else None,
+        **steady,
         "cpu_flip_s": round(cpu2 - cpu1, 3),
-        "rss_base_kb": rss0,
-        "rss_hold_kb": rss1,
-        "rss_max_kb": max(rss_samples or [rss1]),
-        "rss_per_trigger_kb": round((rss1 - rss0) / args.n, 3) if args.n else None,
         "sockets_max": sockets_max[0],
         "events": len(fired),
         "missing": args.n - len(fired),
@@ -486,7 +494,6 @@ async def measure(args: argparse.Namespace, flipper: subprocess.Popen[str] | Non
         "latency_max_s": max(latencies) if latencies else None,
         "latency_mean_s": statistics.fmean(latencies) if latencies else None,
         "lag_max_ms": round(lag_run * 1000, 1),
-        "lag_max_startup_ms": round(lag_startup * 1000, 1),
         "cancel_s": round(cancel_s, 2),
     }
 
