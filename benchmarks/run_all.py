@@ -167,7 +167,8 @@ def net_pct(r: dict[str, Any], ticker: float) -> float:
 
 
 def net_per_poll_ms(r: dict[str, Any], ticker: float) -> float | None:
-    polls = r["n"] * r["hold_s"] / r["poll_interval"]
+    """CPU per poll net of the ticker: per poll made when the server counted them, else per poll due."""
+    polls = r.get("polls_made") or r["n"] * r["hold_s"] / r["poll_interval"]
     return 1000 * net_pct(r, ticker) / 100 * r["hold_s"] / polls if polls else None
 
 

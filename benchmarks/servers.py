@@ -7,13 +7,39 @@
   ``POST /flip`` is called, then 200 ``{"state": "ready", "id": i}``. ``POST /flip`` returns the
   server time at which the condition turned true for every URL.
 
+Both answer ``GET /__requests__`` with the number of requests served so far (that one not
+counted), so the benchmark divides CPU by the polls really made, not by the polls due.
+
 Run ``python -m benchmarks.servers {s3|http} --port P``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from typing import Any
+
+COUNT_PATH = "/__requests__"
+
+
+class CountRequests:
+    """ASGI middleware: count requests; answer ``COUNT_PATH`` with the count."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.requests = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == COUNT_PATH:
+            body = json.dumps({"requests": self.requests}).encode()
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if scope["type"] == "http":
+            self.requests += 1
+        await self.app(scope, receive, send)
 
 
 def serve_s3(port: int) -> None:
@@ -21,16 +47,19 @@ def serve_s3(port: int) -> None:
     from a2wsgi import WSGIMiddleware
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    app = WSGIMiddleware(DomainDispatcherApplication(create_backend_app), workers=8)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=60)
+    app = CountRequests(WSGIMiddleware(DomainDispatcherApplication(create_backend_app), workers=8))
+    uvicorn.run(
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=60, lifespan="off"
+    )
 
 
 def serve_http(port: int) -> None:
     from aiohttp import web
 
-    state = {"ready_at": None}
+    state: dict[str, Any] = {"ready_at": None, "requests": 0}
 
     async def ready(request: web.Request) -> web.Response:
+        state["requests"] += 1
         if state["ready_at"] is None:
             return web.json_response({"state": "pending"}, status=404)
         return web.json_response({"state": "ready", "id": request.match_info["i"]})
@@ -40,7 +69,11 @@ def serve_http(port: int) -> None:
             state["ready_at"] = time.time()
         return web.json_response({"ready_at": state["ready_at"]})
 
+    async def count(request: web.Request) -> web.Response:
+        return web.json_response({"requests": state["requests"]})
+
     app = web.Application()
+    app.router.add_get(COUNT_PATH, count)
     app.router.add_get("/ready/{i}", ready)
     app.router.add_post("/flip", flip)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, keepalive_timeout=75)

@@ -12,8 +12,10 @@ steady waiting (CPU, RSS, sockets, loop lag measured here) -> flip -> wait for t
 
 Measured in this (the trigger) process only:
 
-* ``cpu_s_per_poll``: CPU seconds (user+sys) during the hold / (N x hold / poll interval), the
-  nominal number of polls. ``cpu_core_pct``: the same CPU as % of one core.
+* ``cpu_s_per_poll``: CPU seconds (user+sys) during the hold / the polls made in it: the
+  requests the S3 or HTTP server answered (``polls_made``), else the polls due (``polls_due`` =
+  N x hold / poll interval). A trigger that falls behind makes fewer polls than are due; dividing
+  by the due count would flatter it. ``cpu_core_pct``: the same CPU as % of one core.
 * ``rss_per_trigger_kb``: (RSS at end of hold - RSS before any trigger existed) / N. This
   includes the shared clients; ``run_all.py`` also reports the slope between two N.
 * ``sockets_max``: socket fds in ``/proc/self/fd`` (sampled every 0.25 s, whole run).
@@ -420,7 +422,21 @@ async def run_trigger(trigger: Any, index: int, fired: dict[int, float], events:
             await trigger.cleanup()
 
 
-async def measure(args: argparse.Namespace, flipper: subprocess.Popen[str] | None, target_ts: float | None) -> dict:
+def served_requests(kind: str, endpoint: str | None) -> int | None:
+    """Requests the S3 or HTTP server has answered so far (``None`` for other kinds)."""
+    if endpoint is None or not (kind.startswith("s3") or kind == "http"):
+        return None
+    import urllib.request
+
+    from benchmarks.servers import COUNT_PATH
+
+    with urllib.request.urlopen(endpoint + COUNT_PATH, timeout=30) as resp:
+        return int(json.loads(resp.read())["requests"])
+
+
+async def measure(
+    args: argparse.Namespace, flipper: subprocess.Popen[str] | None, target_ts: float | None, endpoint: str | None
+) -> dict:
     loop = asyncio.get_running_loop()
     lag = LagMeter()
     ticker = asyncio.ensure_future(lag.run())
@@ -452,6 +468,7 @@ async def measure(args: argparse.Namespace, flipper: subprocess.Popen[str] | Non
     lag_startup = lag.take()
     gc_meter.take()
     early = len(fired)
+    served0 = await loop.run_in_executor(None, served_requests, args.kind, endpoint)
     cpu0, t0 = cpu_seconds(), time.monotonic()
     rss_samples = []
     while time.monotonic() - t0 < args.hold:
@@ -460,13 +477,18 @@ async def measure(args: argparse.Namespace, flipper: subprocess.Popen[str] | Non
     cpu1, t1 = cpu_seconds(), time.monotonic()
     rss1 = rss_kb()
     hold = t1 - t0
-    polls = args.n * hold / args.poll_interval
+    served1 = await loop.run_in_executor(None, served_requests, args.kind, endpoint)
+    due = args.n * hold / args.poll_interval
+    made = served1 - served0 if served0 is not None and served1 is not None else None
+    polls = made or due
     steady = {
         "hold_s": round(hold, 2),
         "fired_before_flip": early,
         "cpu_hold_s": round(cpu1 - cpu0, 3),
         "cpu_core_pct": round(100 * (cpu1 - cpu0) / hold, 2),
         "cpu_s_per_poll": (cpu1 - cpu0) / polls if polls else None,
+        "polls_due": round(due),
+        "polls_made": made,
         "rss_base_kb": rss0,
         "rss_hold_kb": rss1,
         "rss_max_kb": max(rss_samples or [rss1]),
@@ -599,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             target_ts = time.time() + args.warmup + args.hold + 0.5
         loop = asyncio.new_event_loop()
         try:
-            result = loop.run_until_complete(measure(args, flipper, target_ts))
+            result = loop.run_until_complete(measure(args, flipper, target_ts, endpoint))
         finally:
             sys.stdout = real_stdout
         result["server_pid"] = server_pid
