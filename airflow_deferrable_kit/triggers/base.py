@@ -54,7 +54,7 @@ from airflow_deferrable_kit.payload import (
 MIN_RETRY_DELAY = 0.1
 #: Shortest sleep between two polls of any kind.
 MIN_POLL_DELAY = 0.001
-#: How long one loop iteration may spend on waits woken together before the rest wait a turn.
+#: CPU seconds one loop iteration may spend on waits woken together before the rest wait a turn.
 TURN_BUDGET = 0.02
 #: Waits woken per loop iteration: where the pace starts and its bounds while it adapts.
 WAKES_PER_TURN_START, WAKES_PER_TURN_MIN, WAKES_PER_TURN_MAX = 16, 4, 4096
@@ -84,7 +84,7 @@ class _Pacer:
         self._per_turn = WAKES_PER_TURN_START
         self._woken = 0
         self._turn = 0
-        self._turn_started = loop.time()
+        self._turn_started = time.thread_time()
         self._turn_scheduled = False
 
     async def sleep(self, seconds: float) -> None:
@@ -120,7 +120,7 @@ class _Pacer:
             self._loop.call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
-        now = self._loop.time()
+        now = time.thread_time()  # CPU of the loop's thread: being descheduled is not the batch's cost
         if self._woken >= self._per_turn:  # the last batch was full: adapt to what it cost
             took = now - self._turn_started
             if took > TURN_BUDGET:
