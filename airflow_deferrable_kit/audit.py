@@ -228,6 +228,22 @@ def worker_intervals(events: Sequence[Event], end: dt.datetime | None) -> list[t
     return intervals
 
 
+#: How far a worker's clock may be behind the scheduler's before a try looks started by the
+#: scheduler: more than this between ``start_date`` and ``queued_dttm`` is a real deferral.
+CLOCK_SKEW_ALLOWANCE = dt.timedelta(seconds=1)
+
+
+def _started_in_triggerer(attempt: Try, intervals: Sequence[tuple[dt.datetime, dt.datetime]]) -> bool:
+    """The scheduler deferred the try itself (``start_from_trigger``): no worker ran before it.
+
+    The scheduler sets ``start_date`` when it defers such a try and writes no ``log`` row; a
+    worker only appears once the try is queued again to resume, after ``start_date``.
+    """
+    if attempt.start is None or attempt.queued is None or not intervals:
+        return False
+    return attempt.queued - attempt.start > CLOCK_SKEW_ALLOWANCE and attempt.queued <= intervals[0][0]
+
+
 def _use_worker_start(
     intervals: list[tuple[dt.datetime, dt.datetime]], start: dt.datetime | None
 ) -> list[tuple[dt.datetime, dt.datetime]]:
@@ -257,9 +273,12 @@ def measure(attempt: Try, events: Sequence[Event]) -> Usage | None:
     """
     sensor = attempt.sensor
     names = {event.name for event in events}
-    intervals = _use_worker_start(worker_intervals(events, attempt.end), attempt.start)
+    intervals = worker_intervals(events, attempt.end)
+    from_triggerer = _started_in_triggerer(attempt, intervals)
+    if not from_triggerer:  # there start_date is the scheduler's deferral, not a worker's start
+        intervals = _use_worker_start(intervals, attempt.start)
     if intervals:
-        if "deferred" in names:
+        if "deferred" in names or from_triggerer:
             mode = "deferred"
         elif "up_for_reschedule" in names:
             mode = "reschedule"
@@ -268,8 +287,14 @@ def measure(attempt: Try, events: Sequence[Event]) -> Usage | None:
         lengths = [max(0.0, _seconds(opened, closed)) for opened, closed in intervals]
         worker = sum(lengths)
         last = attempt.end if attempt.end is not None and attempt.end > intervals[-1][1] else intervals[-1][1]
-        wall = max(_seconds(intervals[0][0], last), worker)
+        first = attempt.start if from_triggerer and attempt.start is not None else intervals[0][0]
+        wall = max(_seconds(first, last), worker)
         return Usage(mode, wall, worker, len(intervals), min(lengths))
+    if not events and attempt.queued is None and not attempt.reschedules and attempt.start and attempt.end:
+        # Never queued to an executor, yet started and ended: the triggerer ran the whole try
+        # (start_from_trigger with end_from_trigger) and no worker was ever held.
+        span = _seconds(attempt.start, attempt.end)
+        return Usage("deferred", span, 0.0, 0, 0.0) if span > 0 else None
     return _estimate(attempt)
 
 

@@ -108,7 +108,7 @@ def populate(db: MetadataDB, base: dt.datetime = T0) -> None:
         events=[("running", s(0)), ("up_for_reschedule", s(1))],
     )
     # Log rows pruned: estimated from task_instance alone.
-    db.attempt("etl", "wait_external", operator="ExternalTaskSensor", start=s(0), end=s(100))
+    db.attempt("etl", "wait_external", operator="ExternalTaskSensor", start=s(0), queued=s(-1), end=s(100))
     db.attempt("etl", "wait_kafka", operator="AwaitMessageSensor", start=s(0), queued=s(500), end=s(520))
     db.attempt(
         "reports",

@@ -106,9 +106,22 @@ def test_a_lost_stop_event_closes_at_the_next_start_or_at_the_end() -> None:
 
 
 def test_without_log_rows_poke_is_taken_from_start_and_end() -> None:
-    usage = measure(attempt(0, 100), [])
+    usage = measure(attempt(0, 100, queued=-1), [])
     assert usage == Usage("poke", wall=100, worker=100, segments=1, shortest=100, estimated=True)
-    assert measure(attempt(0, 100, operator="BashOperator"), []) == Usage("worker", 100, 100, 1, 100, estimated=True)
+    worker = measure(attempt(0, 100, operator="BashOperator", queued=-1), [])
+    assert worker == Usage("worker", 100, 100, 1, 100, estimated=True)
+
+
+def test_start_from_trigger_holds_the_worker_only_for_the_resumed_run() -> None:
+    # The scheduler deferred the try itself at 0 (start_date, no log row) and queued it to
+    # resume at 300: start_date is not a worker's start and must not stretch the resumed run.
+    usage = measure(attempt(0, 305, queued=300), events(("running", 301), ("success", 305)))
+    assert usage == Usage("deferred", wall=305, worker=4, segments=1, shortest=4)
+
+
+def test_start_and_end_from_trigger_hold_no_worker_at_all() -> None:
+    # Never queued to an executor, no log rows: the triggerer started and ended the try.
+    assert measure(attempt(0, 300), []) == Usage("deferred", wall=300, worker=0, segments=0, shortest=0)
 
 
 def test_without_log_rows_reschedule_assumes_every_poke_took_as_long_as_the_last() -> None:
