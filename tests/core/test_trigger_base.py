@@ -158,7 +158,6 @@ async def test_deadline_is_absolute_so_a_rebuilt_trigger_keeps_the_same_clock() 
     assert payload["status"] == "timeout"
     assert deadline in payload["message"]
     assert sum(clock.sleeps) == pytest.approx(20)  # only the budget left, not a fresh 100 s
-    assert clock.sleeps == [pytest.approx(20)]
 
 
 async def test_already_expired_deadline_times_out_without_checking() -> None:
