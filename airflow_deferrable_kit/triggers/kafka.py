@@ -9,15 +9,17 @@ What makes this wait cheap and safe at scale:
 * **One reader per (connection, topic) per triggerer process.** Every waiter on a topic leases
   the same :class:`TopicReader`: one consumer, one fetch stream. The reader decodes each message
   once and fans it out to the waiters whose conditions can match it (an index on the values the
-  conditions compare), so 1,000 waiters cost one consumer and CPU in proportion to the message
-  rate. A waiter whose start lies behind the reader reads the gap with its own short-lived
-  *catch-up* consumer (a bounded number at once), then joins; a waiter too slow to keep up (a
-  slow predicate) leaves, catches up on its own and joins again, so buffers stay bounded.
+  conditions compare), so 10,000 waiters cost one consumer and CPU in proportion to the message
+  rate. Waiters whose start lies behind the reader are brought up to it together by one shared
+  :class:`CatchUpPass` (one more consumer, whatever their number), then join; a waiter too slow
+  to keep up (a slow predicate) leaves, catches up at its own pace and joins again, so buffers
+  stay bounded.
 * **Nothing missed.** The default start is "every message produced after the task first
   deferred": the sensor fixes that moment (``start_after_ms``) once and it travels in the
   kwargs, so a triggerer restart maps it to the same offsets with ``offsets_for_times``.
 * **Never blocks, never sleeps per message.** The reader scans as fast as the broker serves,
-  yields to the loop during long fan-outs, and wakes a waiter the moment a match arrives.
+  yields to the loop during long fan-outs and after every batch of wake-ups, and wakes a waiter
+  the moment a match arrives.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import base64
 import collections
 import dataclasses
 import functools
+import heapq
+import itertools
 import json
 import logging
 import math
@@ -86,10 +90,14 @@ MAX_RECORDS_PER_FETCH = 500
 #: and catches up on its own, so a slow waiter never makes the process hold the stream for it.
 WAITER_QUEUE_MESSAGES = 256
 WAITER_QUEUE_BYTES = 4 * 1024 * 1024
-#: Catch-up consumers that may run at once per connection in one process.
+#: Own-pace catch-up consumers (waits whose predicate fell behind) at once per connection.
 MAX_CATCHUPS_PER_CONNECTION = 8
-#: Fan-out work after which the reader yields to the event loop.
-DISPATCH_SLICE_SECONDS = 0.02
+#: How long a reader keeps its catch-up consumer after the last pass, for the next late wait.
+CATCH_UP_LINGER_SECONDS = 30.0
+#: Fan-out work after which the reader yields to the event loop...
+DISPATCH_SLICE_SECONDS = 0.01
+#: ...or waits woken (each then builds its event on the loop) after which it does.
+WAKES_PER_SLICE = 32
 #: Caps for what a message contributes to the payload (the whole payload is capped at 64 KiB).
 MAX_VALUE_CHARS = 32_000
 MAX_KEY_CHARS = 1_024
@@ -379,6 +387,22 @@ def _known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | Non
     return int(state.position)
 
 
+async def clamp_to_log(consumer: AIOKafkaConsumer, exc: Exception) -> dict[TopicPartition, int]:
+    """Where reads that fell outside the log resume: the oldest retained offset when retention
+    deleted the position, the log end when the position lies beyond it (the log was cut back)."""
+    offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+    targets: dict[TopicPartition, int] = {}
+    for tp, offset in offsets.items():
+        begin = int((await consumer.beginning_offsets([tp]))[tp])
+        end = int((await consumer.end_offsets([tp]))[tp])
+        if offset < begin:
+            log.warning(
+                "%s[%d]: offsets %d..%d were deleted before they were read", tp.topic, tp.partition, offset, begin
+            )
+        targets[tp] = begin if offset < begin else min(offset, end)
+    return targets
+
+
 # ============================================================================== messages
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
@@ -520,7 +544,11 @@ class KafkaMessage:
                 value, truncated = _cap(self.text(), MAX_VALUE_CHARS)
             else:
                 value = self.json()
-                if len(json.dumps(value, separators=(",", ":"))) > MAX_VALUE_CHARS:
+                # Re-encoded JSON is at most ~6 characters per byte of the original (escapes).
+                if (
+                    self.size * 6 + 16 > MAX_VALUE_CHARS
+                    and len(json.dumps(value, separators=(",", ":"))) > MAX_VALUE_CHARS
+                ):
                     value, truncated = _cap(self.text(), MAX_VALUE_CHARS)
         return {
             "topic": self.topic,
@@ -538,6 +566,8 @@ class KafkaMessage:
 
 def _cap(text: str, limit: int) -> tuple[str, bool]:
     """Cut ``text`` so its JSON encoding (non-ASCII escaped) fits in about ``limit`` characters."""
+    if len(text) * 12 + 2 <= limit:  # no character takes more than 12 escaped: it fits as it is
+        return text, False
     encoded = len(json.dumps(text))
     if encoded <= limit:
         return text, False
@@ -558,6 +588,10 @@ def _parsed_path(path: str) -> tuple[str | int, ...]:
 
 def _capped(value: Any) -> Any:
     """A decision's observed value, cut down to a short excerpt if it is a large document."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str) and len(value) * 12 + 2 <= MAX_ACTUAL_CHARS:
+        return value
     text = json.dumps(value, separators=(",", ":"), default=str)
     return value if len(text) <= MAX_ACTUAL_CHARS else _cap(text, MAX_ACTUAL_CHARS)[0]
 
@@ -634,13 +668,85 @@ class MatchSpec:
 
 
 # ================================================================================ waiter
+#: What a fan-out counts per value format and partition: messages examined, then skipped by reason.
+COUNTED: Final = ("examined", *PROBLEMS)
+_SLOT: Final = {name: i for i, name in enumerate(COUNTED)}
+_ZERO: Final = (0,) * len(COUNTED)
+
+
+class _Wake:
+    """What a waiter sleeps on: an ``asyncio.Event`` with a timeout, without a task per sleep.
+
+    ``asyncio.wait_for(event.wait(), t)`` starts a task each time; ten thousand waits sleeping a
+    poll interval at a time would start thousands a second. This costs a future and a timer.
+    Only the waiter's own task sleeps on it.
+    """
+
+    __slots__ = ("_set", "_sleeper")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._sleeper: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._sleeper is not None and not self._sleeper.done():
+            self._sleeper.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self, timeout: float) -> bool:
+        """Sleep until set or until ``timeout`` seconds pass; True if it was set."""
+        if self._set:
+            return True
+        loop = asyncio.get_running_loop()
+        sleeper = self._sleeper = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, sleeper)
+        try:
+            await sleeper
+        finally:
+            timer.cancel()
+            self._sleeper = None
+        return self._set
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class Waiter:
     """One trigger's side of the shared readers: where it is in each partition and what it found.
 
-    ``cursor[tp]`` is the next offset this waiter has not looked at. Partitions it has no cursor
-    for (added after it started) are read from where the reader found them, keeping only messages
-    stamped at or after the start moment (for ``earliest``, all of them).
+    ``cursor[tp]`` is the next offset this waiter has not looked at. While it is attached to a
+    fan-out only the messages handed to it move the cursor (the fan-out's position says how far
+    it has really got). Partitions it has no cursor for (added after it started) are read from
+    where the reader found them, keeping only messages stamped at or after the start moment
+    (for ``earliest``, all of them).
     """
+
+    __slots__ = (
+        "attached",
+        "behind",
+        "counts",
+        "cursor",
+        "finished",
+        "index_keys",
+        "marks",
+        "own_pace",
+        "queue",
+        "queued_bytes",
+        "readers",
+        "spec",
+        "start_after_ms",
+        "start_from",
+        "ts_filter",
+        "wake",
+    )
 
     def __init__(self, spec: MatchSpec, *, start_from: str, start_after_ms: int | None) -> None:
         self.spec = spec
@@ -650,15 +756,19 @@ class Waiter:
         self.ts_filter: set[TopicPartition] = set()
         self.queue: collections.deque[tuple[KafkaMessage, str, Decision | None]] = collections.deque()
         self.queued_bytes = 0
-        self.wake = asyncio.Event()
+        self.wake = _Wake()
         self.readers: dict[str, TopicReader] = {}
-        self.attached: set[str] = set()
+        #: The fan-out feeding this waiter on each topic: the shared reader, or a catch-up pass.
+        self.attached: dict[str, FanOut] = {}
+        #: Per partition, the fan-out's counts when it reached this waiter's cursor (None: not yet).
+        self.marks: dict[TopicPartition, tuple[int, ...] | None] = {}
+        #: Topics this waiter must catch up on itself (see :meth:`KafkaMessageTrigger._catch_up`).
         self.behind: set[str] = set()
+        #: Set once its predicate could not keep up: from then on it catches up at its own pace.
+        self.own_pace = False
         self.finished = False
         self.counts: collections.Counter[str] = collections.Counter()
-        self._baselines: dict[str, collections.Counter[str]] = {}
-        keys = spec.index_keys()
-        self.index_keys = keys
+        self.index_keys = spec.index_keys()
 
     # ------------------------------------------------------------------- windows
     def admit(self, message: KafkaMessage, tp: TopicPartition) -> bool:
@@ -674,82 +784,96 @@ class Waiter:
             return not 0 <= message.timestamp < self.start_after_ms
         return True
 
-    def position_in(self, tp: TopicPartition, reader: TopicReader) -> int:
+    def position_in(self, tp: TopicPartition, feed: FanOut) -> int:
         """The cursor for ``tp``; a partition first seen now starts where the reader found it."""
         cursor = self.cursor.get(tp)
         if cursor is None:
-            cursor = self.cursor[tp] = reader.origins.get(tp, 0)
+            cursor = self.cursor[tp] = feed.origins.get(tp, 0)
             if self.start_from != "earliest":
                 self.ts_filter.add(tp)
         return cursor
 
-    # ------------------------------------------------------------- from the reader
-    def offer(self, message: KafkaMessage, tp: TopicPartition, reader: TopicReader) -> None:
-        """Called by the reader (synchronously) with every message this waiter may care about."""
+    # --------------------------------------------------------------- from a feed
+    def offer(self, message: KafkaMessage, tp: TopicPartition, feed: FanOut) -> bool:
+        """Called by a fan-out (synchronously) with every message this waiter may care about.
+
+        Returns True when the waiter was woken (it has something to act on).
+        """
         if self.finished or not self.admit(message, tp):
-            return
+            return False
         outcome = self.spec.evaluate(message)
         if outcome is None:
-            return
+            return False
         kind, decision = outcome
         if kind == PREDICATE and (
             len(self.queue) >= WAITER_QUEUE_MESSAGES or self.queued_bytes + message.size > WAITER_QUEUE_BYTES
         ):
-            self._fall_behind(reader, tp, message.offset)
-            return
+            self._fall_behind(feed, tp, message.offset)
+            return True
         self.queue.append((message, kind, decision))
         self.queued_bytes += message.size
         if kind != PREDICATE:
-            # Nothing after a data decision matters: stop receiving from every reader.
+            # Nothing after a data decision matters: stop receiving from every feed.
             self.finished = True
             for topic in list(self.attached):
                 self.detach(topic)
         self.wake.set()
+        return True
 
-    def _fall_behind(self, reader: TopicReader, tp: TopicPartition, offset: int) -> None:
+    def _fall_behind(self, feed: FanOut, tp: TopicPartition, offset: int) -> None:
         """Too much is waiting for the predicate: leave the stream and catch up on our own later."""
-        self.detach(reader.topic)
-        for other, position in reader.positions.items():
+        self.detach(feed.topic)
+        for other, position in feed.positions.items():
             if other == tp:
                 continue
             if other not in self.cursor and self.start_from != "earliest":
                 self.ts_filter.add(other)
             self.cursor[other] = max(self.cursor.get(other, position), position)
         self.cursor[tp] = offset
-        self.behind.add(reader.topic)
+        self.behind.add(feed.topic)
+        self.own_pace = True
         self.counts["fell_behind"] += 1
         self.wake.set()
 
     # ---------------------------------------------------------------- attachment
+    def join(self, feed: FanOut) -> bool:
+        """Start receiving from ``feed`` if level with (or ahead of) it; atomic on the loop."""
+        if not feed.attach(self):
+            return False
+        self.attached[feed.topic] = feed
+        self.behind.discard(feed.topic)
+        return True
+
     def try_attach(self, topic: str) -> bool:
-        reader = self.readers[topic]
-        if reader.attach(self):
-            self._baselines[topic] = collections.Counter(reader.counts_for(self.spec.value_format))
-            self.attached.add(topic)
-            self.behind.discard(topic)
+        """Join the topic's shared reader, or note that this waiter has to catch up first."""
+        if self.join(self.readers[topic]):
             return True
         self.behind.add(topic)
         return False
 
     def detach(self, topic: str) -> None:
-        if topic not in self.attached:
+        feed = self.attached.pop(topic, None)
+        if feed is None:
             return
-        reader = self.readers[topic]
-        reader.detach(self)
-        self.attached.discard(topic)
-        baseline = self._baselines.pop(topic, collections.Counter())
-        now = reader.counts_for(self.spec.value_format)
-        for name, value in now.items():
-            self.counts[name] += value - baseline.get(name, 0)
+        feed.detach(self)
+        self.counts.update(self._counted_by(feed))
+        for tp in [tp for tp in self.marks if tp.topic == topic]:
+            del self.marks[tp]
+
+    def _counted_by(self, feed: FanOut) -> dict[str, int]:
+        """What ``feed`` counted for this waiter: per partition, its counts now minus the mark."""
+        totals = _ZERO
+        for tp, tally in feed.tallies.get(self.spec.value_format, {}).items():
+            mark = self.marks.get(tp, _ZERO)  # no mark: the partition appeared after the attach
+            if mark is not None:
+                totals = tuple(total + now - then for total, now, then in zip(totals, tally, mark, strict=True))
+        return {name: total for name, total in zip(COUNTED, totals, strict=True) if total}
 
     def stats(self) -> dict[str, Any]:
         """How much this wait looked at: messages examined and skipped (by reason)."""
         counts = collections.Counter(self.counts)
-        for topic in self.attached:
-            reader = self.readers[topic]
-            baseline = self._baselines.get(topic, collections.Counter())
-            for name, value in reader.counts_for(self.spec.value_format).items():
-                counts[name] += value - baseline.get(name, 0)
+        for feed in self.attached.values():
+            counts.update(self._counted_by(feed))
         skipped = {name: counts.get(name, 0) for name in (*PROBLEMS, "predicate_error")}
         return {"examined": counts.get("examined", 0), "skipped": skipped}
 
@@ -762,9 +886,9 @@ class Waiter:
         return problem
 
 
-# ================================================================================ reader
+# ============================================================================== fan-out
 class _Group:
-    """The waiters of one value format on a reader, indexed by the values they compare."""
+    """The waiters of one value format on a fan-out, indexed by the values they compare."""
 
     def __init__(self) -> None:
         self.index: dict[tuple[Point, tuple[str, Any]], set[Waiter]] = collections.defaultdict(set)
@@ -808,19 +932,223 @@ class _Group:
                     found.update(bucket)
         return list(found)
 
+    def members(self) -> set[Waiter]:
+        everyone = set(self.scan_all)
+        for bucket in self.index.values():
+            everyone.update(bucket)
+        return everyone
 
-class TopicReader:
+
+class FanOut:
+    """Waiters on one topic, indexed by the values they compare, and the hand-out of messages.
+
+    The shared :class:`TopicReader` is one; a :class:`CatchUpPass` that brings late waiters up to
+    the reader is another. ``positions[tp]`` is the next offset handed out. Counts are kept per
+    value format and partition, and each waiter marks the counts at the moment the hand-out
+    reaches its cursor, so what each wait examined is exact without counting per wait.
+    """
+
+    def __init__(self, topic: str, origins: dict[TopicPartition, int]) -> None:
+        self.topic = topic
+        #: Where the reader first found each partition (a waiter new to a partition starts there).
+        self.origins = origins
+        self.positions: dict[TopicPartition, int] = {}
+        self.last_timestamp: dict[TopicPartition, int] = {}
+        self.groups: dict[str, _Group] = {}
+        self.tallies: dict[str, dict[TopicPartition, list[int]]] = collections.defaultdict(dict)
+        self.evaluations = 0
+        #: Per partition, waiters attached ahead of the hand-out: (cursor, order, waiter), a heap.
+        self._crossings: dict[TopicPartition, list[tuple[int, int, Waiter]]] = collections.defaultdict(list)
+        self._order = itertools.count()
+
+    # ------------------------------------------------------------------- waiters
+    def behind(self, waiter: Waiter) -> dict[TopicPartition, int]:
+        """Partitions where ``waiter`` has not yet reached this fan-out, with its position."""
+        return {tp: position for tp, position in self.positions.items() if waiter.position_in(tp, self) < position}
+
+    def attach(self, waiter: Waiter) -> bool:
+        """Add the waiter if it is level with (or ahead of) the hand-out; atomic on the loop."""
+        if self.behind(waiter):
+            return False
+        group = self.groups.get(waiter.spec.value_format)
+        if group is None:
+            group = self.groups[waiter.spec.value_format] = _Group()
+        group.add(waiter)
+        for tp in self.positions:
+            self.mark(waiter, tp)
+        return True
+
+    def mark(self, waiter: Waiter, tp: TopicPartition) -> None:
+        """Note where counting starts for ``waiter`` in ``tp``: now, or when the hand-out gets to its cursor."""
+        cursor = waiter.position_in(tp, self)
+        if cursor <= self.positions[tp]:
+            waiter.marks[tp] = tuple(self._tally(waiter.spec.value_format, tp))
+        else:
+            waiter.marks[tp] = None
+            heapq.heappush(self._crossings[tp], (cursor, next(self._order), waiter))
+
+    def detach(self, waiter: Waiter) -> None:
+        group = self.groups.get(waiter.spec.value_format)
+        if group is not None:
+            group.remove(waiter)
+            if group.size <= 0:
+                del self.groups[waiter.spec.value_format]
+
+    def waiters(self) -> list[Waiter]:
+        everyone: set[Waiter] = set()
+        for group in self.groups.values():
+            everyone.update(group.members())
+        return list(everyone)
+
+    def _tally(self, value_format: str, tp: TopicPartition) -> list[int]:
+        tallies = self.tallies[value_format]
+        tally = tallies.get(tp)
+        if tally is None:
+            tally = tallies[tp] = [0] * len(COUNTED)
+        return tally
+
+    def _cross(self, tp: TopicPartition, offset: int) -> None:
+        """The hand-out reached ``offset``: start counting for the waiters whose cursor it passed."""
+        crossings = self._crossings[tp]
+        while crossings and crossings[0][0] <= offset:
+            waiter = heapq.heappop(crossings)[2]
+            if waiter.attached.get(self.topic) is self and waiter.marks.get(tp, _ZERO) is None:
+                waiter.marks[tp] = tuple(self._tally(waiter.spec.value_format, tp))
+
+    # ------------------------------------------------------------------ hand-out
+    async def _dispatch(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
+        """Hand each record to the waiters that may care about it.
+
+        Yields to the event loop after a slice of work or a batch of wake-ups, so neither a long
+        fan-out nor a burst of matches (each waking a wait that then builds its event) holds the
+        loop for long.
+        """
+        slice_start = time.monotonic()
+        woken = 0
+        for tp, records in batch.items():
+            if not self.groups:
+                if records:
+                    self.positions[tp] = max(self.positions.get(tp, 0), records[-1].offset + 1)
+                    self.last_timestamp[tp] = records[-1].timestamp
+                continue
+            crossings = self._crossings[tp]
+            for record in records:
+                if record.offset < self.positions.get(tp, 0):
+                    continue
+                if crossings and crossings[0][0] <= record.offset:
+                    self._cross(tp, record.offset)
+                message = KafkaMessage(record)
+                for value_format, group in list(self.groups.items()):
+                    tally = self._tally(value_format, tp)
+                    tally[0] += 1
+                    problem = message.problem(value_format)
+                    if problem is not None:
+                        tally[_SLOT[problem]] += 1
+                        continue
+                    for waiter in group.candidates(message, value_format):
+                        self.evaluations += 1
+                        woken += waiter.offer(message, tp, self)
+                self.positions[tp] = record.offset + 1
+                if message.timestamp >= 0:
+                    self.last_timestamp[tp] = message.timestamp
+                if woken >= WAKES_PER_SLICE or time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
+                    await asyncio.sleep(0)
+                    slice_start = time.monotonic()
+                    woken = 0
+
+    def sync_positions(self, consumer: AIOKafkaConsumer) -> None:
+        """Move past offsets the consumer skipped without returning records (gaps, control batches)."""
+        for tp in list(self.positions):
+            position = _known_position(consumer, tp)
+            if position is not None and position > self.positions[tp]:
+                self.positions[tp] = position
+
+    def rewind(self, tp: TopicPartition, offset: int) -> None:
+        """Hand out ``tp`` from ``offset`` on, moving back the cursors of waiters that were past it."""
+        self.positions[tp] = offset
+        for waiter in self.waiters():
+            if waiter.cursor.get(tp, 0) > offset:
+                waiter.cursor[tp] = offset
+                if waiter.start_from != "earliest":
+                    waiter.ts_filter.add(tp)
+
+
+class CatchUpPass(FanOut):
+    """One shared read of the gap between late waiters and their reader, then a hand-over.
+
+    A wait whose start lies behind the reader (it starts from its deferral moment and messages
+    arrived since, the triggerer restarted, or it reads from ``earliest``/``committed``) has to
+    read that gap before it can join the reader. A pass reads it once for all such waits, from
+    the earliest of their positions, through the same index as the reader; when it is level
+    with the reader it moves them onto the reader, each in one step, so nothing falls between
+    the two. N late waits cost one read of the gap, not N.
+    """
+
+    def __init__(self, reader: TopicReader, waiters: Iterable[Waiter]) -> None:
+        super().__init__(reader.topic, reader.origins)
+        self.reader = reader
+        for waiter in waiters:  # start at the earliest position of any of them
+            for tp in reader.positions:
+                cursor = waiter.position_in(tp, self)
+                if cursor < self.positions.get(tp, cursor + 1):
+                    self.positions[tp] = cursor
+        self._leaving: list[Waiter] = []
+
+    def extend(self) -> None:
+        """Cover partitions the reader gained since the pass started."""
+        new = [tp for tp in self.reader.positions if tp not in self.positions]
+        if not new:
+            return
+        waiters = self.waiters()
+        for tp in new:
+            self.positions[tp] = min(
+                (waiter.position_in(tp, self) for waiter in waiters), default=self.reader.positions[tp]
+            )
+            for waiter in waiters:
+                self.mark(waiter, tp)
+
+    def level(self) -> bool:
+        """Whether the pass has handed out everything the reader has (so its waiters can move)."""
+        return all(self.positions.get(tp, -1) >= position for tp, position in self.reader.positions.items())
+
+    def hand_over(self) -> bool:
+        """Move waiters onto the reader, for one slice of time; True once nobody is left.
+
+        Call it only while the pass is level with the reader: each move happens in one step, so
+        no message can slip in between, and the caller checks the level again after a yield.
+        """
+        if not self._leaving:
+            self._leaving = self.waiters()
+        slice_start = time.monotonic()
+        while self._leaving:
+            waiter = self._leaving.pop()
+            if waiter.attached.get(self.topic) is not self:
+                continue  # found its message or fell behind meanwhile
+            waiter.detach(self.topic)
+            for tp, position in self.positions.items():
+                if waiter.cursor.get(tp, 0) < position:
+                    waiter.cursor[tp] = position
+            if not waiter.try_attach(self.topic):
+                waiter.wake.set()  # cannot happen while level; if it did, the waiter catches up again
+            if time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
+                break
+        return not self.groups
+
+
+# ================================================================================ reader
+class TopicReader(FanOut):
     """One consumer per (connection, topic) per process, fanning each message out to waiters.
 
     Starts at the log end of every partition when created; ``positions[tp]`` is the next offset
-    it will hand out. Waiters behind that catch up on their own (see :class:`Waiter`). Broker
-    outages are absorbed by the consumer (it reconnects and resumes from its positions); other
-    transient errors back off here; fatal ones are handed to every waiter.
+    it will hand out. Waiters behind that are brought up to it by a :class:`CatchUpPass` (one at
+    a time, on one more consumer of its own). Broker outages are absorbed by the consumers (they
+    reconnect and resume from their positions); other transient errors back off here; fatal ones
+    are handed to every waiter.
     """
 
     def __init__(self, conn_id: str, topic: str, options: dict[str, Any]) -> None:
+        super().__init__(topic, {})
         self.conn_id = conn_id
-        self.topic = topic
         self.options = options
         self.consumer: AIOKafkaConsumer | None = None
         #: A second, never-fetching consumer for metadata and offset lookups: a broker answers a
@@ -828,14 +1156,15 @@ class TopicReader:
         self.lookup: AIOKafkaConsumer | None = None
         self.admin: AIOKafkaAdminClient | None = None
         self.known = False
-        self.positions: dict[TopicPartition, int] = {}
-        self.origins: dict[TopicPartition, int] = {}
-        self.last_timestamp: dict[TopicPartition, int] = {}
-        self.groups: dict[str, _Group] = {}
-        self.counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self.fatal: WaitError | None = None
         self.fetches = 0
-        self.evaluations = 0
+        #: Catch-up passes run so far, and the one running now.
+        self.passes = 0
+        self.catching_up: CatchUpPass | None = None
+        self._late: dict[Waiter, None] = {}
+        self._late_arrived = asyncio.Event()
+        self._passes: asyncio.Task[None] | None = None
+        self._start_lookups: dict[tuple[Any, ...], asyncio.Future[dict[TopicPartition, int]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._admin_lock = asyncio.Lock()
         self._refresh_lock = asyncio.Lock()
@@ -865,10 +1194,11 @@ class TopicReader:
         await reader.close()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._passes):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._passes = None
         if self.consumer is not None:
             await self.consumer.stop()
         if self.lookup is not None:
@@ -881,37 +1211,15 @@ class TopicReader:
         return ", ".join(f"{tp.partition}:{offset}" for tp, offset in sorted(self.positions.items())) or "no partitions"
 
     # ------------------------------------------------------------------- waiters
-    def counts_for(self, value_format: str) -> collections.Counter[str]:
-        return self.counts[value_format]
-
-    def behind(self, waiter: Waiter) -> dict[TopicPartition, int]:
-        """Partitions where ``waiter`` has not yet reached this reader, with the reader's position."""
-        return {tp: position for tp, position in self.positions.items() if waiter.position_in(tp, self) < position}
-
-    def attach(self, waiter: Waiter) -> bool:
-        """Join the fan-out if the waiter is level with (or ahead of) the reader; atomic on the loop."""
-        if self.behind(waiter):
-            return False
-        group = self.groups.get(waiter.spec.value_format)
-        if group is None:
-            group = self.groups[waiter.spec.value_format] = _Group()
-        group.add(waiter)
-        return True
-
-    def detach(self, waiter: Waiter) -> None:
-        group = self.groups.get(waiter.spec.value_format)
-        if group is not None:
-            group.remove(waiter)
-            if group.size <= 0:
-                del self.groups[waiter.spec.value_format]
-
-    def waiters(self) -> list[Waiter]:
-        everyone: set[Waiter] = set()
-        for group in self.groups.values():
-            everyone.update(group.scan_all)
-            for bucket in group.index.values():
-                everyone.update(bucket)
+    def everyone(self) -> list[Waiter]:
+        """Every waiter this reader serves: attached, in a catch-up pass, or waiting for one."""
+        everyone = set(self.waiters()) | set(self._late)
+        if self.catching_up is not None:
+            everyone.update(self.catching_up.waiters())
         return list(everyone)
+
+    def forget(self, waiter: Waiter) -> None:
+        self._late.pop(waiter, None)
 
     async def committed(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """The group's committed offsets (read-only: no join, no commit); -1 where none."""
@@ -919,6 +1227,161 @@ class TopicReader:
             if self.admin is None:
                 self.admin = await start_admin(self.options)
         return await committed_offsets(self.admin, group_id, tps)
+
+    async def start_offsets(
+        self, tps: list[TopicPartition], *, start_from: str, start_after_ms: int | None, group_id: str | None
+    ) -> dict[TopicPartition, int]:
+        """Where a wait starts in ``tps`` (see :func:`resolve_start`).
+
+        Waits that ask the same question while it is being answered (a mass deferral, a
+        triggerer restart) share one lookup instead of queueing thousands on one connection.
+        """
+        assert self.lookup is not None
+        key = (start_from, start_after_ms, group_id, tuple(tps))
+        lookup = self._start_lookups.get(key)
+        if lookup is None:
+            lookup = self._start_lookups[key] = asyncio.ensure_future(
+                resolve_start(
+                    self.lookup,
+                    list(tps),
+                    start_from=start_from,
+                    start_after_ms=start_after_ms,
+                    committed=functools.partial(self.committed, group_id) if group_id else None,
+                )
+            )
+
+            def answered(done: asyncio.Future[dict[TopicPartition, int]]) -> None:
+                if self._start_lookups.get(key) is done:
+                    del self._start_lookups[key]
+                if not done.cancelled():
+                    done.exception()  # retrieved here: every asker may have been cancelled
+
+            lookup.add_done_callback(answered)
+        return dict(await asyncio.shield(lookup))
+
+    # ------------------------------------------------------------------ catch-up
+    def catch_up(self, waiter: Waiter) -> None:
+        """Have a shared pass bring ``waiter`` (behind this reader) up to it, then attach it.
+
+        Joins the running pass if that has not yet gone past the waiter's position; otherwise
+        the waiter is in the next pass, which starts when the running one is done.
+        """
+        running = self.catching_up
+        if running is not None and waiter.join(running):
+            return
+        waiter.behind.discard(self.topic)
+        self._late[waiter] = None
+        self._late_arrived.set()
+        if self._passes is None:
+            self._passes = asyncio.get_running_loop().create_task(
+                self._run_passes(), name=f"kafka-catch-up:{self.topic}"
+            )
+
+    async def _run_passes(self) -> None:
+        """Run passes while late waiters arrive; keep the consumer a little while, then close it."""
+        consumer: AIOKafkaConsumer | None = None
+        failures = 0
+        try:
+            while True:
+                if not self._late:
+                    self._late_arrived.clear()
+                    if consumer is not None and consumer.assignment():
+                        consumer.unsubscribe()  # stop prefetching while idle
+                    try:
+                        await asyncio.wait_for(self._late_arrived.wait(), CATCH_UP_LINGER_SECONDS)
+                    except asyncio.TimeoutError:
+                        if not self._late:
+                            return
+                    continue
+                if consumer is None:
+                    try:
+                        consumer = await start_consumer(self.options)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        failures += 1
+                        await self._back_off(exc, failures, "catch-up")
+                        continue
+                    failures = 0
+                # Everyone who arrived while the consumer started goes in this pass.
+                self.catching_up = run = CatchUpPass(self, list(self._late))
+                self.passes += 1
+                await self._fill(run)
+                await self._read_pass(run, consumer)
+                self.catching_up = None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # fatal: every waiter, the pass's included, ends with it
+            self._fail(exc if isinstance(exc, WaitError) else FatalError(f"unexpected {type(exc).__name__}: {exc}"))
+        finally:
+            self.catching_up = self._passes = None
+            if consumer is not None:
+                await consumer.stop()
+
+    async def _fill(self, run: CatchUpPass) -> None:
+        """Move the late waiters into the pass, yielding to the loop between slices."""
+        slice_start = time.monotonic()
+        for waiter in list(self._late):
+            if waiter in self._late:  # not released meanwhile
+                del self._late[waiter]
+                waiter.join(run)  # never behind: the pass starts at the earliest position
+            if time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
+                await asyncio.sleep(0)
+                slice_start = time.monotonic()
+
+    async def _read_pass(self, run: CatchUpPass, consumer: AIOKafkaConsumer) -> None:
+        """Read until the pass is level with the reader (then hand over) or has nobody left."""
+        from aiokafka.errors import OffsetOutOfRangeError
+
+        assigned: set[TopicPartition] = set()
+        failures = 0
+        while True:
+            run.extend()
+            if not run.groups:
+                return
+            if run.level():
+                if run.hand_over():
+                    return
+                await asyncio.sleep(0)
+                continue
+            if assigned != set(run.positions):
+                assigned = set(run.positions)
+                consumer.assign(sorted(assigned))
+                for tp, offset in run.positions.items():
+                    consumer.seek(tp, offset)
+            try:
+                batch = await consumer.getmany(timeout_ms=FETCH_WAIT_MS, max_records=MAX_RECORDS_PER_FETCH)
+            except asyncio.CancelledError:
+                raise
+            except OffsetOutOfRangeError as exc:
+                assert self.lookup is not None
+                for tp, target in (await clamp_to_log(self.lookup, exc)).items():
+                    run.rewind(tp, target)
+                    consumer.seek(tp, target)
+                continue
+            except Exception as exc:
+                failures += 1
+                await self._back_off(exc, failures, "catch-up")
+                continue
+            failures = 0
+            if batch:
+                await run._dispatch(batch)
+            run.sync_positions(consumer)
+
+    async def _back_off(self, exc: Exception, failures: int, what: str) -> None:
+        """Sleep after a transient error (capped, full jitter); raise a fatal one."""
+        error = classify_kafka_error(exc) or TransientError(f"{type(exc).__name__}: {exc}")
+        if not isinstance(error, TransientError):
+            raise error from exc
+        delay = random.uniform(0.0, min(30.0, 0.5 * 2.0**failures))
+        log.warning("Kafka %s for %s: %s; retrying in %.2fs", what, self.topic, error.message, delay)
+        await asyncio.sleep(max(delay, 0.1))
+
+    def _fail(self, error: WaitError) -> None:
+        log.error("Kafka reader for %s failed: %s", self.topic, error.message)
+        self.fatal = error
+        for waiter in self.everyone():
+            waiter.wake.set()
 
     # ------------------------------------------------------------------ the loop
     async def _run(self) -> None:
@@ -934,7 +1397,7 @@ class TopicReader:
                     self.fetches += 1
                     if batch:
                         await self._dispatch(batch)
-                    self._sync_positions()
+                    self.sync_positions(self.consumer)
                 else:
                     await asyncio.sleep(max(0.0, next_refresh - time.monotonic()))
                 if time.monotonic() >= next_refresh:
@@ -948,55 +1411,12 @@ class TopicReader:
             except OffsetOutOfRangeError as exc:
                 await self._out_of_range(exc)
             except Exception as exc:
-                error = classify_kafka_error(exc) or TransientError(f"{type(exc).__name__}: {exc}")
-                if not isinstance(error, TransientError):
-                    log.error("Kafka reader for %s failed: %s", self.topic, error.message)
-                    self.fatal = error
-                    for waiter in self.waiters():
-                        waiter.wake.set()
-                    return
                 failures += 1
-                delay = random.uniform(0.0, min(30.0, 0.5 * 2.0**failures))
-                log.warning("Kafka reader for %s: %s; retrying in %.2fs", self.topic, error.message, delay)
-                await asyncio.sleep(max(delay, 0.1))
-
-    async def _dispatch(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
-        """Hand each record to the waiters that may care, yielding during long fan-outs."""
-        slice_start = time.monotonic()
-        for tp, records in batch.items():
-            if not self.groups:
-                if records:
-                    self.positions[tp] = max(self.positions.get(tp, 0), records[-1].offset + 1)
-                    self.last_timestamp[tp] = records[-1].timestamp
-                continue
-            for record in records:
-                if record.offset < self.positions.get(tp, 0):
-                    continue
-                message = KafkaMessage(record)
-                for value_format, group in list(self.groups.items()):
-                    counts = self.counts[value_format]
-                    counts["examined"] += 1
-                    problem = message.problem(value_format)
-                    if problem is not None:
-                        counts[problem] += 1
-                        continue
-                    for waiter in group.candidates(message, value_format):
-                        self.evaluations += 1
-                        waiter.offer(message, tp, self)
-                self.positions[tp] = record.offset + 1
-                if message.timestamp >= 0:
-                    self.last_timestamp[tp] = message.timestamp
-                if time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
-                    await asyncio.sleep(0)
-                    slice_start = time.monotonic()
-
-    def _sync_positions(self) -> None:
-        """Move past offsets the consumer skipped without returning records (gaps, control batches)."""
-        assert self.consumer is not None
-        for tp in list(self.positions):
-            position = _known_position(self.consumer, tp)
-            if position is not None and position > self.positions[tp]:
-                self.positions[tp] = position
+                try:
+                    await self._back_off(exc, failures, "reader")
+                except WaitError as error:
+                    self._fail(error)
+                    return
 
     async def refresh(self, *, initial: bool = False) -> None:
         """Pick up a topic that appeared, partitions that were added, and logs that were cut back."""
@@ -1079,13 +1499,8 @@ class TopicReader:
 
     def _move(self, tp: TopicPartition, offset: int) -> None:
         assert self.consumer is not None
-        self.positions[tp] = offset
+        self.rewind(tp, offset)
         self.consumer.seek(tp, offset)
-        for waiter in self.waiters():
-            if waiter.cursor.get(tp, 0) > offset:
-                waiter.cursor[tp] = offset
-                if waiter.start_from != "earliest":
-                    waiter.ts_filter.add(tp)
 
 
 async def start_admin(options: Mapping[str, Any]) -> AIOKafkaAdminClient:
@@ -1202,6 +1617,7 @@ class KafkaMessageTrigger(PollingTrigger):
         self._catchups: dict[str, AIOKafkaConsumer] = {}
         self._slots_held: dict[str, asyncio.Semaphore] = {}
         self._scanning = False
+        self._phased = False
         self._resume: dict[tuple[str, int], int] = {}
         #: After a bounded scan (the poke path): the next offset to look at per (topic, partition).
         self.scan_cursor: dict[tuple[str, int], int] = {}
@@ -1288,7 +1704,12 @@ class KafkaMessageTrigger(PollingTrigger):
         while self._pending_topics:
             await self._join(self._pending_topics[0])
             self._pending_topics.pop(0)
-        budget = asyncio.get_running_loop().time() + float(self.poll_interval)
+        interval = float(self.poll_interval)
+        if not self._phased:
+            # Waits that started together would otherwise all come back together every interval.
+            self._phased = True
+            interval = self.phase(interval)
+        budget = asyncio.get_running_loop().time() + interval
         while True:
             waiter.wake.clear()
             if waiter.queue:
@@ -1309,11 +1730,7 @@ class KafkaMessageTrigger(PollingTrigger):
                     return found
                 continue
             remaining = budget - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                return None
-            try:
-                await asyncio.wait_for(waiter.wake.wait(), remaining)
-            except asyncio.TimeoutError:
+            if remaining <= 0 or not await waiter.wake.wait(remaining):
                 return None
 
     def next_poll_delay(self) -> float:
@@ -1350,15 +1767,11 @@ class KafkaMessageTrigger(PollingTrigger):
                 )
             self.log.info("Topic %s does not exist yet; waiting for it", topic)
         else:
-            tps = sorted(reader.positions)
-            assert reader.lookup is not None
-            group_id = self.group_id
-            start = await resolve_start(
-                reader.lookup,
-                tps,
+            start = await reader.start_offsets(
+                sorted(reader.positions),
                 start_from=self.start_from,
                 start_after_ms=self.start_after_ms,
-                committed=(lambda t: reader.committed(group_id, t)) if group_id else None,
+                group_id=self.group_id,
             )
             for tp, offset in start.items():
                 waiter.cursor.setdefault(tp, offset)
@@ -1369,7 +1782,8 @@ class KafkaMessageTrigger(PollingTrigger):
         """Turn a delivered message into the outcome: run the predicate if needed, then decide."""
         matched: dict[str, Any] | None = None
         if decision is not None:
-            matched = {**decision.as_dict(), "actual": _capped(decision.as_dict()["actual"])}
+            matched = decision.as_dict()
+            matched["actual"] = _capped(matched["actual"])
         if kind == PREDICATE:
             assert self.predicate is not None and self._waiter is not None
             try:
@@ -1410,12 +1824,21 @@ class KafkaMessageTrigger(PollingTrigger):
 
     # ------------------------------------------------------------------- catch-up
     async def _catch_up(self, topic: str) -> Found | None:
-        """Read the gap between this wait's position and the shared reader's, then join it."""
+        """Get level with the topic's shared reader and join it.
+
+        Normally the reader's shared catch-up pass reads the gap (this returns at once and the
+        pass attaches the wait when it is level). A wait that fell behind because its predicate
+        could not keep up reads the gap at its own pace, with a short-lived consumer of its own.
+        """
         waiter = self._waiter
         assert waiter is not None
         reader = waiter.readers[topic]
         if reader.fatal is not None:
             raise reader.fatal
+        if not waiter.own_pace:
+            if not waiter.try_attach(topic):
+                reader.catch_up(waiter)
+            return None
         while True:
             if not reader.behind(waiter) and waiter.try_attach(topic):
                 # Level with the reader, and attached in the same step (no await in between).
@@ -1497,15 +1920,7 @@ class KafkaMessageTrigger(PollingTrigger):
         """A private read fell outside the log: move into it (deleted by retention, or cut back)."""
         waiter = self._waiter
         assert waiter is not None
-        offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
-        for tp, offset in offsets.items():
-            begin = int((await consumer.beginning_offsets([tp]))[tp])
-            end = int((await consumer.end_offsets([tp]))[tp])
-            target = begin if offset < begin else min(offset, end)
-            if offset < begin:
-                self.log.warning(
-                    "%s[%d]: offsets %d..%d were deleted before they were read", tp.topic, tp.partition, offset, begin
-                )
+        for tp, target in (await clamp_to_log(consumer, exc)).items():
             waiter.cursor[tp] = target
             consumer.seek(tp, target)
 
@@ -1584,6 +1999,8 @@ class KafkaMessageTrigger(PollingTrigger):
             waiter.finished = True
             for topic in list(waiter.attached):
                 waiter.detach(topic)
+            for reader in waiter.readers.values():
+                reader.forget(waiter)
         for topic in list(self._catchups):
             await self._close_catchup(topic)
         for topic, slot in list(self._slots_held.items()):

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka import errors
+from aiokafka import TopicPartition, errors
 
 from airflow_deferrable_kit.conditions import load_acceptors
 from airflow_deferrable_kit.payload import FatalError, TransientError
+from airflow_deferrable_kit.triggers import kafka as kafka_trigger
 from airflow_deferrable_kit.triggers.kafka import (
     MATCHERS,
+    CatchUpPass,
     KafkaMessage,
     KafkaMessageTrigger,
     MatchSpec,
+    TopicReader,
+    Waiter,
     canonical_acceptors,
     classify_kafka_error,
     client_options,
@@ -253,3 +259,95 @@ def test_payload_caps_escape_heavy_values() -> None:
     assert payload["value_truncated"] is True
     assert len(json.dumps(payload)) < 48_000
     assert payload["key"].startswith("\\xff")
+
+
+def test_key_cap_keeps_what_fits_even_when_every_character_is_escaped() -> None:
+    fits, too_long = "\U0001f600" * 85, "\U0001f600" * 86  # 12 characters each once escaped
+    assert KafkaMessage(record(b"{}", key=fits.encode())).payload("json")["key"] == fits
+    assert KafkaMessage(record(b"{}", key=too_long.encode())).payload("json")["key"] != too_long
+
+
+# ------------------------------------------------------------------ fan-out and catch-up
+TP = TopicPartition("t", 0)
+
+
+def keyed(offset: int, *, value: bytes = b'{"n": 1}') -> Any:
+    return record(value, key=f"k{offset}".encode(), offset=offset)
+
+
+def waiter_for(key: str, cursor: int, reader: TopicReader) -> Waiter:
+    waiter = Waiter(spec(canonical_acceptors(success=[{"key": key}])), start_from="timestamp", start_after_ms=0)
+    waiter.cursor[TP] = cursor
+    waiter.readers["t"] = reader
+    return waiter
+
+
+def reader_at(position: int) -> TopicReader:
+    reader = TopicReader("conn", "t", {})
+    reader.positions[TP] = position
+    return reader
+
+
+async def test_a_catch_up_pass_counts_each_wait_from_its_own_start_and_hands_it_over() -> None:
+    reader = reader_at(10)
+    early = waiter_for("k3", 0, reader)  # its message is in the gap
+    late = waiter_for("k3", 6, reader)  # the same key, but before its start: not its message
+    other = waiter_for("k8", 6, reader)
+    run = CatchUpPass(reader, [early, late, other])
+    assert run.positions == {TP: 0}  # the earliest start of the three
+    assert all(waiter.join(run) for waiter in (early, late, other))
+    await run._dispatch({TP: [keyed(o, value=b"not json" if o == 7 else b'{"n": 1}') for o in range(10)]})
+    assert [m.offset for m, _, _ in early.queue] == [3] and early.stats()["examined"] == 4
+    assert [m.offset for m, _, _ in other.queue] == [8] and other.stats()["examined"] == 3
+    assert not late.queue and not late.finished
+    assert run.level() and run.hand_over()
+    assert late.attached["t"] is reader and late.cursor[TP] == 10
+    assert late.stats() == {
+        "examined": 4,  # offsets 6..9, counted from its own start although the pass read from 0
+        "skipped": {"tombstone": 0, "undecodable": 0, "malformed": 1, "predicate_error": 0},
+    }
+    await reader._dispatch({TP: [keyed(10)]})
+    assert late.stats()["examined"] == 5  # and on from there by the reader
+
+
+async def test_a_wait_ahead_of_the_reader_counts_only_from_its_own_position() -> None:
+    reader = reader_at(0)
+    ahead = waiter_for("k1", 3, reader)  # e.g. a pass read a little further than the reader
+    assert ahead.try_attach("t")
+    await reader._dispatch({TP: [keyed(o) for o in range(5)]})
+    assert not ahead.queue  # k1 at offset 1 lies before its position
+    assert ahead.stats()["examined"] == 2
+
+
+async def test_a_burst_of_matches_wakes_a_batch_of_waits_per_loop_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_trigger, "WAKES_PER_SLICE", 8)
+    reader = reader_at(0)
+    waiters = [waiter_for(f"k{i}", 0, reader) for i in range(100)]
+    assert all(waiter.try_attach("t") for waiter in waiters)
+    samples: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            samples.append(reader.evaluations)
+            await asyncio.sleep(0)
+
+    sampler = asyncio.ensure_future(sample())
+    await asyncio.sleep(0)
+    await reader._dispatch({TP: [keyed(o) for o in range(100)]})
+    sampler.cancel()
+    assert all(waiter.finished for waiter in waiters)
+    turns = [after - before for before, after in itertools.pairwise(samples)]
+    assert len(turns) >= 100 // 8 and max(turns) <= 8  # the loop got a turn after every 8 wake-ups
+
+
+async def test_a_pass_hands_waits_over_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_trigger, "DISPATCH_SLICE_SECONDS", 0.0)
+    reader = reader_at(5)
+    waiters = [waiter_for("never", 5, reader) for _ in range(3)]
+    run = CatchUpPass(reader, waiters)
+    assert all(waiter.join(run) for waiter in waiters) and run.level()
+    moved = []
+    while not run.hand_over():
+        moved.append(sum(waiter.attached["t"] is reader for waiter in waiters))
+    assert moved == [1, 2]
+    assert all(waiter.attached["t"] is reader for waiter in waiters)

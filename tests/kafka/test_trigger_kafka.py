@@ -437,8 +437,9 @@ async def test_a_waiter_behind_the_reader_catches_up_then_joins(bootstrap: str, 
     await eventually(lambda: sum(reader.positions.values()) >= 30)
     late = make(topic, kafka_conn, start_after_ms=start, acceptors=[key_is("k40")])
     late_task = asyncio.ensure_future(run_trigger(late, timeout=30))
-    await eventually(lambda: late._waiter is not None and topic in late._waiter.attached)
-    assert late._waiter.counts["examined"] == 30  # read the gap on its own
+    await eventually(lambda: late._waiter is not None and late._waiter.attached.get(topic) is reader)
+    assert late._waiter.counts["examined"] == 30  # the gap, read by a catch-up pass
+    assert reader.passes == 1 and late._catchups == {}  # shared, not a consumer of its own
     placed = await produce(bootstrap, topic, Message({"n": 40}, key="k40"))
     payload = (await late_task).payload
     assert (payload["partition"], payload["offset"]) == placed[0]
@@ -446,6 +447,101 @@ async def test_a_waiter_behind_the_reader_catches_up_then_joins(bootstrap: str, 
     live_task.cancel()
     await asyncio.gather(live_task, return_exceptions=True)
     await live.cleanup()
+
+
+async def test_many_late_waiters_share_one_catch_up_read(
+    monkeypatch: pytest.MonkeyPatch, bootstrap: str, kafka_conn: str, topic: str, frozen_gc: None
+) -> None:
+    """Waits that start behind the shared reader (a mass deferral, a triggerer restart) read the
+    gap together: one more consumer for all of them, their start looked up a few times, not once
+    each, exact offsets and counts, and the loop never blocked."""
+    started: list[dict[str, Any]] = []
+    lookups: list[int | None] = []
+    start_consumer, resolve_start = kafka_trigger.start_consumer, kafka_trigger.resolve_start
+
+    async def counting_start(options: Any, **overrides: Any) -> Any:
+        started.append(overrides)
+        return await start_consumer(options, **overrides)
+
+    async def counting_resolve(*args: Any, **kwargs: Any) -> Any:
+        lookups.append(kwargs["start_after_ms"])
+        return await resolve_start(*args, **kwargs)
+
+    monkeypatch.setattr(kafka_trigger, "start_consumer", counting_start)
+    monkeypatch.setattr(kafka_trigger, "resolve_start", counting_resolve)
+    await get_connection(kafka_conn)
+    live = make(topic, kafka_conn, acceptors=[key_is("never")])
+    live_task = asyncio.ensure_future(run_trigger(live, timeout=60))
+    await eventually(lambda: live._waiter is not None and topic in live._waiter.attached)
+    reader = reader_for(kafka_conn, topic)
+    start = int(time.time() * 1000)
+    gap = await produce_elsewhere(bootstrap, topic, *[Message({"n": n}, key=f"k{n}", partition=0) for n in range(30)])
+    await eventually(lambda: sum(reader.positions.values()) >= 30)
+    n = 100
+    late = [
+        make(topic, kafka_conn, start_after_ms=start, poll_interval=1.0, acceptors=[key_is(f"k{i}")]) for i in range(n)
+    ]
+    with watch_blocking(0.2) as blocked:
+        tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in late]
+        await eventually(
+            lambda: all(t._waiter is not None and t._waiter.attached.get(topic) is reader for t in late[30:])
+        )
+        fresh = await produce_elsewhere(
+            bootstrap, topic, *[Message({"n": i}, key=f"k{i}", partition=0) for i in range(30, n)]
+        )
+        payloads = [t.payload for t in await asyncio.gather(*tasks)]
+    placed = gap + fresh
+    for i, payload in enumerate(payloads):
+        assert (payload["partition"], payload["offset"]) == placed[i]
+        assert payload["examined"] == i + 1  # everything from its start up to its message, nothing twice
+    assert len(started) == 3  # the reader's two consumers and one catch-up consumer, for 100 late waits
+    assert 1 <= lookups.count(start) < 10  # 100 waits with one start: a few lookups, not 100
+    assert blocked == [], blocked
+    live_task.cancel()
+    await asyncio.gather(live_task, return_exceptions=True)
+    assert clients.held_keys() == {}
+
+
+async def test_cancelling_late_waiters_mid_catch_up_releases_everything(
+    bootstrap: str, kafka_broker: Any, kafka_conn: str, topic: str
+) -> None:
+    await produce(bootstrap, topic, *[Message({"n": n}) for n in range(200)])
+    waiters = [make(topic, kafka_conn, start_from="earliest", acceptors=[key_is("never")]) for _ in range(50)]
+    tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in waiters]
+    await eventually(lambda: any(t._waiter is not None and t._waiter.readers for t in waiters))
+    reader = reader_for(kafka_conn, topic)
+    await eventually(lambda: reader.passes >= 1)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert clients.held_keys() == {}
+    await eventually(lambda: broker_sockets(kafka_broker.port) == 0)
+
+
+async def test_a_fatal_error_while_catching_up_ends_the_late_waits_with_it(
+    monkeypatch: pytest.MonkeyPatch, bootstrap: str, kafka_conn: str, topic: str
+) -> None:
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    started: list[Any] = []
+    start_consumer = kafka_trigger.start_consumer
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise TopicAuthorizationFailedError()
+
+    async def start(options: Any, **overrides: Any) -> Any:
+        consumer = await start_consumer(options, **overrides)
+        started.append(consumer)
+        if len(started) == 3:  # the catch-up consumer: the reader's two come first
+            monkeypatch.setattr(consumer, "getmany", refuse)
+        return consumer
+
+    monkeypatch.setattr(kafka_trigger, "start_consumer", start)
+    await produce(bootstrap, topic, Message({"n": 1}))
+    waiters = [make(topic, kafka_conn, start_from="earliest", acceptors=[key_is("never")]) for _ in range(3)]
+    payloads = [event.payload for event in await asyncio.gather(*(run_trigger(t, timeout=20) for t in waiters))]
+    assert [p["error_type"] for p in payloads] == ["authorization"] * 3
+    assert len(started) == 3 and clients.held_keys() == {}
 
 
 async def test_a_slow_predicate_waiter_falls_behind_and_still_finds_its_match(
