@@ -186,7 +186,7 @@ def ok(flag: bool | None) -> str:
 
 def tables(results: list[dict[str, Any]]) -> str:
     ticker = ticker_pct(results)
-    done = [r for r in results if "cpu_core_pct" in r and r["n"] > 0]
+    done = [r for r in results if "events" in r and r["n"] > 0]
     failed = [r for r in results if "error" in r]
     lines = [
         f"CPU figures are net of the 10 ms lag ticker itself ({ticker:.2f} % of a core, measured with N=0).",
@@ -211,7 +211,7 @@ def tables(results: list[dict[str, Any]]) -> str:
     for r in failed:
         lines.append(
             f"| {r['kind']} | {r['impl']} | {r['n']:,} | {fmt(float(r['poll_interval']))} | "
-            f"did not complete: {r['error'][:150]!r} |||||||"
+            f"did not complete: {r['error'][:150]!r}{while_waiting(r)} ||||||||"
         )
 
     lines += ["", "### Kit vs official at equal N and poll interval", ""]
@@ -288,6 +288,13 @@ def tables(results: list[dict[str, Any]]) -> str:
             f"{frozen_lag(frozen)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def while_waiting(r: dict[str, Any]) -> str:
+    """What a killed cell measured before the flip, if it got that far."""
+    if "cpu_core_pct" not in r:
+        return ""
+    return f"; while waiting: {r['cpu_core_pct']:.1f} % core raw, {fmt(r['rss_per_trigger_kb'])} KB/trigger"
 
 
 def frozen_lag(r: dict[str, Any] | None) -> str:
