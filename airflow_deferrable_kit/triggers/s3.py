@@ -3,19 +3,29 @@
 Runs on aiobotocore with one client per (connection, region, endpoint) shared by every S3 wait
 in the triggerer process. A HEAD that says 404 is "not yet"; throttling, 5xx and network errors
 back off; a missing bucket, a 403 or bad credentials end the wait at once with a clear message.
+Wildcard waits on the same literal prefix share one listing (see ``listing_reuse_window``).
 The success payload says which objects matched, with size, ETag and last-modified time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import re
 import sys
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Final
 
-from airflow_deferrable_kit._s3_client import S3Settings, close_client, create_client, resolve_settings
+from airflow_deferrable_kit._s3_client import (
+    Listing,
+    S3Poller,
+    S3Settings,
+    close_poller,
+    create_client,
+    listing_reuse_window,
+    resolve_settings,
+)
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, WaitError
 from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger, TransientError
 
@@ -56,6 +66,8 @@ CREDENTIAL_CODES: Final = frozenset(
 )
 ACCESS_CODES: Final = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectState"})
 _WILDCARD = re.compile(r"[*?\[]")
+#: Characters that may be part of a wildcard; whatever follows the last of them is literal.
+_WILDCARD_PART = re.compile(r"[*?\[\]]")
 # Today's rules are 3-63 lowercase letters, digits, dots and hyphens; legacy us-east-1 buckets may
 # also hold capitals and underscores and reach 255 characters, so those are let through.
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
@@ -118,6 +130,28 @@ def literal_prefix(pattern: str) -> str:
     """The part of an fnmatch pattern before its first wildcard: the listing prefix."""
     match = _WILDCARD.search(pattern)
     return pattern if match is None else pattern[: match.start()]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyPattern:
+    """One wildcard target, compiled once: where to list and how to match what is listed."""
+
+    bucket: str
+    pattern: str
+    prefix: str  # the literal text before the first wildcard: what is listed
+    tail: str  # the literal text after the last wildcard: every match ends with it
+    regex: re.Pattern[str]
+
+    @classmethod
+    def compile(cls, bucket: str, pattern: str) -> KeyPattern:
+        """Compile ``pattern`` with ``fnmatch`` semantics (case-sensitive, ``*`` crosses ``/``)."""
+        tail = _WILDCARD_PART.split(pattern)[-1]
+        return cls(bucket, pattern, literal_prefix(pattern), tail, re.compile(fnmatch.translate(pattern)))
+
+    def matches(self, listing: Listing) -> list[int]:
+        """Indexes, in key order, of the listed keys this pattern matches."""
+        keys = listing.keys
+        return [i for i in listing.candidates(self.tail) if self.regex.match(keys[i])]
 
 
 def describe_object(bucket: str, key: str, size: Any, etag: Any, last_modified: Any) -> dict[str, Any]:
@@ -209,6 +243,7 @@ class S3KeyTrigger(PollingTrigger):
 
     def __post_init__(self) -> None:
         self._targets: list[tuple[str, str]] = []
+        self._patterns: list[KeyPattern] = []  # the targets compiled, with wildcard_match
         self._settings: S3Settings | None = None  # the connection, read once per run
         self._first_missing = 0  # index of the key that was missing at the last poll
         self._buckets_seen: set[str] = set()  # buckets known to exist
@@ -218,6 +253,8 @@ class S3KeyTrigger(PollingTrigger):
         self._targets = resolve_targets(self.bucket_key, self.bucket_name)
         if not isinstance(self.wildcard_match, bool):
             raise ValueError(f"wildcard_match must be True or False, got {self.wildcard_match!r}")
+        if self.wildcard_match:
+            self._patterns = [KeyPattern.compile(bucket, pattern) for bucket, pattern in self._targets]
         if self.min_size is not None and (
             isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0
         ):
@@ -243,12 +280,13 @@ class S3KeyTrigger(PollingTrigger):
             return await self._check_patterns(client)
         return await self._check_keys(client)
 
-    async def _client(self) -> Any:
-        """The shared client for this trigger's connection (the connection is read once per run)."""
+    async def _client(self) -> S3Poller:
+        """The shared poller for this trigger's connection (the connection is read once per run)."""
         if self._settings is None:
             self._settings = await resolve_settings(self.aws_conn_id)
         settings = self._settings
-        return await self.lease(settings.lease_key, lambda: create_client(settings), close_client)
+        poller: S3Poller = await self.lease(settings.lease_key, lambda: _open_poller(settings), close_poller)
+        return poller
 
     async def _call(self, what: str, request: Awaitable[Any]) -> Any:
         """Await one S3 request, turning a ``ClientError`` into a transient or fatal error."""
@@ -261,7 +299,7 @@ class S3KeyTrigger(PollingTrigger):
                 raise
             raise classify_client_error(exc, what) from exc
 
-    async def _check_keys(self, client: Any) -> Found | None:
+    async def _check_keys(self, client: S3Poller) -> Found | None:
         # Start from the key that was missing last time: it is the one most likely still missing,
         # so a not-yet poll usually costs one HEAD however long the list is.
         order = list(range(self._first_missing, len(self._targets))) + list(range(self._first_missing))
@@ -276,12 +314,9 @@ class S3KeyTrigger(PollingTrigger):
         objects = [found[i] for i in range(len(self._targets))]
         return Found(keys_payload(objects, len(objects)))
 
-    async def _head(self, client: Any, bucket: str, key: str) -> dict[str, Any] | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            response = await self._call(f"HEAD s3://{bucket}/{key}", client.head_object(Bucket=bucket, Key=key))
-        except ClientError:  # only "missing" gets here
+    async def _head(self, client: S3Poller, bucket: str, key: str) -> dict[str, Any] | None:
+        response = await self._call(f"HEAD s3://{bucket}/{key}", client.head_object(bucket, key))
+        if response is None:  # 404: the key, or the bucket, does not exist yet
             await self._require_bucket(client, bucket)
             return None
         size = response.get("ContentLength")
@@ -289,14 +324,14 @@ class S3KeyTrigger(PollingTrigger):
             return None
         return describe_object(bucket, key, size, response.get("ETag"), response.get("LastModified"))
 
-    async def _require_bucket(self, client: Any, bucket: str) -> None:
+    async def _require_bucket(self, client: S3Poller, bucket: str) -> None:
         """A HEAD 404 cannot tell a missing key from a missing bucket: ask once per bucket."""
         from botocore.exceptions import ClientError
 
         if bucket in self._buckets_seen:
             return
         try:
-            await self._call(f"HEAD bucket s3://{bucket}", client.head_bucket(Bucket=bucket))
+            await self._call(f"HEAD bucket s3://{bucket}", client.head_bucket(bucket))
         except ClientError as exc:
             raise FatalError(
                 f"s3://{bucket}: the bucket does not exist (HEAD bucket: {exc.response.get('Error', {}).get('Code')})",
@@ -308,43 +343,37 @@ class S3KeyTrigger(PollingTrigger):
             # Allowed to read objects but not to HEAD the bucket: existence cannot be checked.
         self._buckets_seen.add(bucket)
 
-    async def _check_patterns(self, client: Any) -> Found | None:
+    async def _check_patterns(self, client: S3Poller) -> Found | None:
+        # A listing of the same prefix that another wait started moments ago answers this poll too.
+        max_age = listing_reuse_window(float(self.poll_interval))
+        listings: dict[tuple[str, str], Listing] = {}
         seen: set[tuple[str, str]] = set()
         objects: list[dict[str, Any]] = []
         total = 0
-        for bucket, pattern in self._targets:
+        for target in self._patterns:
+            bucket, prefix = target.bucket, target.prefix
+            listing = listings.get((bucket, prefix))
+            if listing is None:
+                listing = listings[bucket, prefix] = await self._call(
+                    f"LIST s3://{bucket}/{prefix}", client.list_prefix(bucket, prefix, max_age=max_age)
+                )
             matched = 0
-            async for description in self._list_matches(client, bucket, pattern):
+            for index in target.matches(listing):
+                size = listing.details[index][0]
+                if self.min_size is not None and (size or 0) < self.min_size:
+                    continue
                 matched += 1
-                ident = (bucket, description["key"])
-                if len(self._targets) > 1:
-                    if ident in seen:
+                key = listing.keys[index]
+                if len(self._patterns) > 1:
+                    if (bucket, key) in seen:
                         continue
-                    seen.add(ident)
+                    seen.add((bucket, key))
                 total += 1
                 if len(objects) < MAX_LISTED_KEYS:
-                    objects.append(description)
+                    objects.append(describe_object(bucket, key, *listing.detail(index)))
             if not matched:
                 return None
         return Found(keys_payload(objects, total))
-
-    async def _list_matches(self, client: Any, bucket: str, pattern: str) -> AsyncIterator[dict[str, Any]]:
-        """Yield the objects matching ``pattern``, paging through every object under its prefix."""
-        prefix = literal_prefix(pattern)
-        request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-        while True:
-            page = await self._call(f"LIST s3://{bucket}/{prefix}", client.list_objects_v2(**request))
-            for item in page.get("Contents") or ():
-                key = item["Key"]
-                if not fnmatch.fnmatchcase(key, pattern):
-                    continue
-                if self.min_size is not None and item.get("Size", 0) < self.min_size:
-                    continue
-                yield describe_object(bucket, key, item.get("Size"), item.get("ETag"), item.get("LastModified"))
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
-            request["ContinuationToken"] = token
 
     # ---------------------------------------------------------------------------- errors
     def classify_error(self, exc: Exception) -> WaitError:
@@ -369,6 +398,11 @@ class S3KeyTrigger(PollingTrigger):
         if isinstance(exc, botocore_errors.BotoCoreError):
             return FatalError(f"{where}: {type(exc).__name__}: {exc}", error_type="bad_configuration")
         return super().classify_error(exc)
+
+
+async def _open_poller(settings: S3Settings) -> S3Poller:
+    """Build the shared client for ``settings`` (off the loop) and wrap it in its poller."""
+    return S3Poller(await create_client(settings))
 
 
 def _is_missing(exc: Any) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -27,6 +27,9 @@ class Seen:
     path: str
     status: int
     injected: bool
+    query: str = ""
+    raw_path: str = ""  # as sent: percent-encoding intact, query string included
+    headers: dict[str, str] = field(default_factory=dict, compare=False)  # lower-case names
 
 
 class FaultProxy:
@@ -34,7 +37,9 @@ class FaultProxy:
         self.upstream = upstream.rstrip("/")
         self.seen: list[Seen] = []
         self.peers: set[tuple[str, int]] = set()
-        self._faults: list[tuple[int, str, str]] = []
+        self._faults: list[tuple[int, str, str, dict[str, str]]] = []
+        self._gate: asyncio.Event | None = None
+        self.held = 0
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.port = 0
@@ -50,10 +55,21 @@ class FaultProxy:
         return len(self._runner.server.connections)
 
     def fail_next(
-        self, count: int, status: int = 503, code: str = "SlowDown", message: str = "Reduce your request rate."
+        self,
+        count: int,
+        status: int = 503,
+        code: str = "SlowDown",
+        message: str = "Reduce your request rate.",
+        retry_after: float | None = None,
     ) -> None:
         """Answer the next ``count`` requests with an S3 error instead of forwarding them."""
-        self._faults.extend([(status, code, message)] * count)
+        headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+        self._faults.extend([(status, code, message, headers)] * count)
+
+    def hold_requests(self) -> asyncio.Event:
+        """Keep every request from now on waiting (counted in ``held``) until the event is set."""
+        self._gate = asyncio.Event()
+        return self._gate
 
     def count(self, method: str | None = None, *, injected: bool | None = None) -> int:
         return sum(
@@ -85,15 +101,31 @@ class FaultProxy:
         if peer:
             self.peers.add((peer[0], peer[1]))
         body = await request.read()
+        if self._gate is not None and not self._gate.is_set():
+            self.held += 1
+            await self._gate.wait()
         if self._faults:
-            status, code, message = self._faults.pop(0)
-            self.seen.append(Seen(request.method, request.path, status, True))
+            status, code, message, headers = self._faults.pop(0)
+            self.seen.append(
+                Seen(
+                    request.method,
+                    request.path,
+                    status,
+                    True,
+                    request.query_string,
+                    request.raw_path,
+                    _headers(request),
+                )
+            )
             xml = (
                 '<?xml version="1.0" encoding="UTF-8"?>\n'
                 f"<Error><Code>{code}</Code><Message>{message}</Message><RequestId>fault</RequestId></Error>"
             )
             return web.Response(
-                status=status, text=None if request.method == "HEAD" else xml, content_type="application/xml"
+                status=status,
+                text=None if request.method == "HEAD" else xml,
+                content_type="application/xml",
+                headers=headers,
             )
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -108,13 +140,27 @@ class FaultProxy:
             payload = await upstream.read()
             out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
             length = upstream.headers.get("Content-Length")
-        self.seen.append(Seen(request.method, request.path, upstream.status, False))
+        self.seen.append(
+            Seen(
+                request.method,
+                request.path,
+                upstream.status,
+                False,
+                request.query_string,
+                request.raw_path,
+                _headers(request),
+            )
+        )
         response = web.Response(
             status=upstream.status, headers=out_headers, body=None if request.method == "HEAD" else payload
         )
         if request.method == "HEAD" and length is not None:
             response.headers["Content-Length"] = length
         return response
+
+
+def _headers(request: web.Request) -> dict[str, str]:
+    return {name.lower(): value for name, value in request.headers.items()}
 
 
 async def settle(predicate: Callable[[], bool], *, attempts: int = 500) -> None:
