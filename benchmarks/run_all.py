@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.triggerer_load import HOLD_PREFIX, KINDS
+from benchmarks.triggerer_load import HOLD_PREFIX, KINDS, POLL_IS_ONE_REQUEST
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -168,7 +168,8 @@ def net_pct(r: dict[str, Any], ticker: float) -> float:
 
 def net_per_poll_ms(r: dict[str, Any], ticker: float) -> float | None:
     """CPU per poll net of the ticker: per poll made when the server counted them, else per poll due."""
-    polls = r.get("polls_made") or r["n"] * r["hold_s"] / r["poll_interval"]
+    made = r.get("polls_made") if r["kind"] in POLL_IS_ONE_REQUEST else None
+    polls = made or r["n"] * r["hold_s"] / r["poll_interval"]
     return 1000 * net_pct(r, ticker) / 100 * r["hold_s"] / polls if polls else None
 
 

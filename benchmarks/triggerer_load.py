@@ -13,9 +13,10 @@ steady waiting (CPU, RSS, sockets, loop lag measured here) -> flip -> wait for t
 Measured in this (the trigger) process only:
 
 * ``cpu_s_per_poll``: CPU seconds (user+sys) during the hold / the polls made in it: the
-  requests the S3 or HTTP server answered (``polls_made``), else the polls due (``polls_due`` =
-  N x hold / poll interval). A trigger that falls behind makes fewer polls than are due; dividing
-  by the due count would flatter it. ``cpu_core_pct``: the same CPU as % of one core.
+  requests the server answered where one poll is one request (``polls_made``: S3 one key per
+  wait, HTTP), else the polls due (``polls_due`` = N x hold / poll interval). A trigger that
+  falls behind makes fewer polls than are due; dividing by the due count would flatter it.
+  ``cpu_core_pct``: the same CPU as % of one core.
 * ``rss_per_trigger_kb``: (RSS at end of hold - RSS before any trigger existed) / N. This
   includes the shared clients; ``run_all.py`` also reports the slope between two N.
 * ``sockets_max``: socket fds in ``/proc/self/fd`` (sampled every 0.25 s, whole run).
@@ -58,6 +59,8 @@ KINDS = ("s3", "s3-one-prefix", "http", "postgres", "kafka", "datetime")
 BUCKET = "bench"
 TOPIC = "bench"
 SHARED_OTHER_OBJECTS = 100
+#: Kinds whose every poll is exactly one request (waits on one S3 prefix share listings).
+POLL_IS_ONE_REQUEST = ("s3", "http")
 #: stderr prefix of the steady-state figures, printed before the flip.
 HOLD_PREFIX = "HOLD "
 
@@ -423,8 +426,8 @@ async def run_trigger(trigger: Any, index: int, fired: dict[int, float], events:
 
 
 def served_requests(kind: str, endpoint: str | None) -> int | None:
-    """Requests the S3 or HTTP server has answered so far (``None`` for other kinds)."""
-    if endpoint is None or not (kind.startswith("s3") or kind == "http"):
+    """Requests the server has answered so far, where one poll is one request (else ``None``)."""
+    if endpoint is None or kind not in POLL_IS_ONE_REQUEST:
         return None
     import urllib.request
 

@@ -42,8 +42,10 @@ async def test_no_blocking_report(kind: str, waits: Waits) -> None:
             await asyncio.sleep(0.025)
             if kind == "datetime" or await held() >= WAITING:
                 break
-        for task in tasks:
+        for number, task in enumerate(tasks, start=1):
             task.cancel()
+            if number % 10 == 0:  # the test's own bulk cancel is not what is being watched
+                await asyncio.sleep(0)
         results = await asyncio.gather(*tasks, return_exceptions=True)
 
     assert event.payload["status"] == "success", event.payload
