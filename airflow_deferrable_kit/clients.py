@@ -9,10 +9,11 @@ Registries are per event loop because async clients are bound to the loop that m
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import Any
+
+from airflow_deferrable_kit._per_loop import PerLoop
 
 Factory = Callable[[], Coroutine[Any, Any, Any]]
 Closer = Callable[[Any], Coroutine[Any, Any, None]]
@@ -25,15 +26,11 @@ class _Entry:
     refs: int = 0
 
 
-_registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, _Entry]] = weakref.WeakKeyDictionary()
+_registries: PerLoop[dict[Hashable, _Entry]] = PerLoop(dict)
 
 
 def _registry() -> dict[Hashable, _Entry]:
-    loop = asyncio.get_running_loop()
-    registry = _registries.get(loop)
-    if registry is None:
-        registry = _registries[loop] = {}
-    return registry
+    return _registries.get()
 
 
 def _forget_failed(registry: dict[Hashable, _Entry], key: Hashable, entry: _Entry) -> None:

@@ -9,8 +9,7 @@ A callable cannot cross from the worker to the triggerer (trigger kwargs are JSO
 ``matcher`` says what to look at (an HTTP status, a JSON path, a row column, a Kafka key or
 header; each wait declares the matchers it supports), ``argument`` which one, ``comparator``
 how (``equals``, ``in``, ``exists``), and ``state`` what a match means: ``success`` ends the
-wait, ``failure`` ends it with an error, ``retry`` means "not yet". Acceptors are tried in
-order; the first match decides; no match means "not yet".
+wait, ``failure`` ends it with an error, ``retry`` means "not yet".
 
 Sensor arguments may group acceptors by outcome, as friendlier sugar over the same model::
 
@@ -19,6 +18,22 @@ Sensor arguments may group acceptors by outcome, as friendlier sugar over the sa
 
 For the rare test data cannot express, an importable predicate (``"pkg.module:function"``,
 sync or async) can be named; it is imported and run in the triggerer without blocking its loop.
+
+One rule combines them, the same for every wait (:meth:`ConditionSet.evaluate`):
+
+1. No acceptor and no predicate: the wait's own default decides (HTTP: a 2xx answer; Postgres:
+   a row whose first cell is truthy in query mode, or the marker row; Kafka: any message).
+2. Otherwise the acceptors are tried in order and the first that matches decides: ``failure``
+   ends the wait with an error, ``retry`` means not yet, ``success`` means ready, unless a
+   predicate is set, in which case the success acceptors only pick the candidates and the
+   predicate decides.
+3. No acceptor matched: with success acceptors, not yet; without them, the predicate decides.
+
+A predicate's answer follows Python truthiness, as Airflow's ``check_fn`` / ``response_check``
+do (a count of 0, ``None``, ``[]`` mean not yet; ``5``, ``"yes"`` mean ready), except that the
+strings ``"failure"`` and ``"retry"`` say so explicitly. A predicate that raises ends the wait
+with a ``predicate_error`` naming it. A set of acceptors with no success acceptor and no
+predicate could never succeed, so it is refused when the wait is built.
 """
 
 from __future__ import annotations
@@ -27,10 +42,12 @@ import asyncio
 import importlib
 import inspect
 import re
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
+
+from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit.errors import ErrorType, FatalError
 
 STATES: Final = ("success", "failure", "retry")
 COMPARATORS: Final = ("equals", "in", "exists")
@@ -105,6 +122,8 @@ class Acceptor:
     comparator: str
     expected: Any = None
     argument: str | None = None
+    #: ``argument`` parsed once, for the ``path`` matcher (compiled when the acceptor is built).
+    parts: tuple[str | int, ...] = field(default=(), compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "matcher": self.matcher, "comparator": self.comparator}
@@ -156,11 +175,12 @@ def _canonical(raw: Mapping[str, Any], *, where: str, matchers: Mapping[str, boo
         raise ValueError(f"{where}: comparator must be one of {', '.join(COMPARATORS)}, got {comparator!r}")
     takes_argument = matchers[matcher]
     argument = raw.get("argument")
+    parts: tuple[str | int, ...] = ()
     if takes_argument:
         if not isinstance(argument, str) or not argument:
             raise ValueError(f"{where}: matcher {matcher!r} needs a non-empty string argument, got {argument!r}")
         if matcher == "path":
-            parse_path(argument, argument=f"{where}: argument")
+            parts = parse_path(argument, argument=f"{where}: argument")
     elif argument is not None:
         raise ValueError(f"{where}: matcher {matcher!r} takes no argument, got {argument!r}")
     expected = raw.get("expected", True if comparator == "exists" else MISSING)
@@ -173,7 +193,9 @@ def _canonical(raw: Mapping[str, Any], *, where: str, matchers: Mapping[str, boo
     unknown = set(raw) - {"state", "matcher", "comparator", "argument", "expected"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-    return Acceptor(state=state, matcher=matcher, comparator=comparator, expected=expected, argument=argument)
+    return Acceptor(
+        state=state, matcher=matcher, comparator=comparator, expected=expected, argument=argument, parts=parts
+    )
 
 
 def _from_sugar(raw: Mapping[str, Any], state: str, *, where: str, matchers: Mapping[str, bool]) -> Acceptor:
@@ -259,7 +281,10 @@ def decide(
 
 # ------------------------------------------------------------------------------ predicates
 _predicates: dict[str, Callable[..., Any]] = {}
-_sync_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+#: At most four sync predicates run at once per loop, each in a worker thread.
+_sync_slots: PerLoop[asyncio.Semaphore] = PerLoop(lambda: asyncio.Semaphore(4))
+#: Explicit answers a predicate may give besides truthiness.
+_EXPLICIT: Final = {"success": "success", "failure": "failure", "retry": "retry"}
 
 
 def validate_predicate_path(path: str, *, argument: str = "predicate") -> None:
@@ -284,27 +309,165 @@ def import_predicate(path: str, *, argument: str = "predicate") -> Callable[...,
     return target
 
 
-async def run_predicate(path: str, subject: Any) -> str:
-    """Run the predicate on ``subject`` without blocking the loop; return a state.
+def predicate_state(result: Any) -> str:
+    """What a predicate's return value means: ``"success"``, ``"failure"`` or ``"retry"``.
 
-    ``True``/``"success"`` means success, ``"failure"`` failure, anything falsy or ``"retry"``
-    not yet. A sync predicate runs in a worker thread (at most four at once), never on the loop.
+    Python truthiness, as Airflow's own ``check_fn`` and ``response_check`` use, except that the
+    strings ``"success"``, ``"failure"`` and ``"retry"`` say so explicitly.
     """
-    if path in _predicates:
-        function = _predicates[path]
-    else:
-        function = await asyncio.to_thread(import_predicate, path)
-    if inspect.iscoroutinefunction(function):
-        result = await function(subject)
-    else:
-        loop = asyncio.get_running_loop()
-        slots = _sync_slots.get(loop)
-        if slots is None:
-            slots = _sync_slots[loop] = asyncio.Semaphore(4)
-        async with slots:
-            result = await asyncio.to_thread(function, subject)
-    if result is True or result == "success":
-        return "success"
-    if result == "failure":
-        return "failure"
-    return "retry"
+    if isinstance(result, str) and result in _EXPLICIT:
+        return _EXPLICIT[result]
+    try:
+        return "success" if result else "retry"
+    except Exception as exc:  # an object whose truth value is ambiguous (a numpy array, a frame)
+        raise TypeError(f"returned {type(result).__name__}, whose truth value is ambiguous: {exc}") from exc
+
+
+async def call_predicate(path: str, subject: Any, *, argument: str = "predicate") -> tuple[str, Any]:
+    """Run the predicate on ``subject`` without blocking the loop; return ``(state, returned)``.
+
+    A sync predicate runs in a worker thread (at most four at once per loop), never on the loop.
+    A predicate that cannot be imported, raises, or returns something with no truth value ends
+    the wait: a :class:`FatalError` of type ``predicate_error`` naming it.
+    """
+    try:
+        function = _predicates.get(path)
+        if function is None:
+            function = await asyncio.to_thread(import_predicate, path, argument=argument)
+        if inspect.iscoroutinefunction(function):
+            result = await function(subject)
+        else:
+            async with _sync_slots.get():
+                result = await asyncio.to_thread(function, subject)
+        return predicate_state(result), result
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        raise FatalError(
+            f"{argument} {path!r} failed: {type(exc).__name__}: {exc}", error_type=ErrorType.PREDICATE_ERROR
+        ) from exc
+
+
+async def run_predicate(path: str, subject: Any) -> str:
+    """The state a predicate gives ``subject`` (see :func:`call_predicate`)."""
+    state, _ = await call_predicate(path, subject)
+    return state
+
+
+# --------------------------------------------------------------------------------- the rule
+#: The verdict when no condition spoke: the wait's own default decides.
+DEFAULT: Final = "default"
+#: Longest ``repr`` of a predicate's answer kept in a verdict.
+_RETURNED_CHARS: Final = 200
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one evaluation and why: the ``decided_by`` explanation goes into payloads."""
+
+    state: str
+    decided_by: dict[str, Any] | None = None
+    observed: dict[str, Any] = field(default_factory=dict)
+
+    def explain(self) -> str:
+        """One line for messages: ``path state equals 'failed' (saw 'failed')``."""
+        return explain(self.decided_by)
+
+
+def explain(decided_by: Mapping[str, Any] | None) -> str:
+    """Describe a decision (an acceptor with what it saw, a predicate, or the default) in words."""
+    if not decided_by:
+        return "no condition decided"
+    matcher = decided_by.get("matcher")
+    if matcher == "predicate":
+        return f"predicate {decided_by.get('argument')} returned {decided_by.get('returned')}"
+    if matcher == DEFAULT:
+        return "the default condition"
+    where = f"{matcher} {decided_by['argument']}" if decided_by.get("argument") is not None else str(matcher)
+    expected = decided_by.get("expected", True)
+    return f"{where} {decided_by.get('comparator')} {expected!r} (saw {decided_by.get('actual')!r})"
+
+
+class ConditionSet:
+    """A wait's compiled conditions: its acceptors and predicate, combined by the one rule.
+
+    Built once per trigger from the canonical JSON its kwargs carry (:meth:`load`), or from a
+    sensor's arguments including the ``success=`` / ``failure=`` / ``retry=`` shorthand
+    (:meth:`from_arguments`); both refuse a set that could never succeed.
+    """
+
+    def __init__(self, acceptors: Sequence[Acceptor], predicate: str | None = None) -> None:
+        self.acceptors: tuple[Acceptor, ...] = tuple(acceptors)
+        self.predicate = predicate
+        self.has_success = any(acceptor.state == "success" for acceptor in self.acceptors)
+
+    @classmethod
+    def load(
+        cls,
+        canonical: Any,
+        predicate: str | None,
+        *,
+        matchers: Mapping[str, bool],
+        argument: str = "acceptors",
+    ) -> ConditionSet:
+        """Rebuild from trigger kwargs: canonical acceptors and a predicate path (or ``None``)."""
+        if isinstance(canonical, (str, bytes, Mapping)) or not isinstance(canonical, list):
+            raise ValueError(f"{argument} must be a list of conditions, got {type(canonical).__name__}")
+        if predicate is not None:
+            validate_predicate_path(predicate)
+        acceptors = [_canonical(item, where=f"{argument}[{i}]", matchers=matchers) for i, item in enumerate(canonical)]
+        conditions = cls(acceptors, predicate)
+        conditions.refuse_never_succeeding()
+        return conditions
+
+    @staticmethod
+    def canonicalise(
+        *,
+        matchers: Mapping[str, bool],
+        acceptors: Iterable[Mapping[str, Any]] | None = None,
+        success: Iterable[Mapping[str, Any]] | None = None,
+        failure: Iterable[Mapping[str, Any]] | None = None,
+        retry: Iterable[Mapping[str, Any]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The shorthand and canonical forms merged into the canonical JSON triggers carry."""
+        return build_acceptors(matchers=matchers, acceptors=acceptors, success=success, failure=failure, retry=retry)
+
+    def refuse_never_succeeding(self) -> None:
+        """A set with acceptors, none of them success, and no predicate can never be met."""
+        if self.acceptors and not self.has_success and self.predicate is None:
+            raise ValueError(
+                "the conditions say only when to fail or keep waiting, so the wait could never succeed; "
+                "add a success condition (e.g. success=[{'path': 'state', 'equals': 'ready'}]) or a predicate"
+            )
+
+    def __bool__(self) -> bool:
+        return bool(self.acceptors) or self.predicate is not None
+
+    async def evaluate(self, value_of: Callable[[Acceptor], Any], subject: Callable[[], Any]) -> Verdict:
+        """Apply the rule to one subject (a response, a row, a message).
+
+        ``value_of(acceptor)`` returns what the acceptor looks at, or :data:`MISSING`;
+        ``subject()`` builds what the predicate receives (only called if it runs).
+        """
+        if not self:
+            return Verdict(DEFAULT, {"state": "success", "matcher": DEFAULT})
+        decision, observed = decide(self.acceptors, value_of)
+        if decision is not None and (decision.state != "success" or self.predicate is None):
+            return Verdict(decision.state, decision.as_dict(), observed)
+        if self.predicate is None or (decision is None and self.has_success):
+            return Verdict("retry", None, observed)
+        state, returned = await call_predicate(self.predicate, subject())
+        decided_by: dict[str, Any] = {
+            "state": state,
+            "matcher": "predicate",
+            "argument": self.predicate,
+            "returned": _short_repr(returned),
+        }
+        if decision is not None:
+            decided_by["candidate"] = decision.as_dict()
+        return Verdict(state, decided_by, observed)
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _RETURNED_CHARS else text[:_RETURNED_CHARS] + "..."

@@ -12,17 +12,15 @@ lookups of one ``conn_id`` are merged, so a thousand triggers starting together 
 from __future__ import annotations
 
 import asyncio
-import weakref
 from typing import TYPE_CHECKING, Any
 
-from airflow_deferrable_kit.payload import FatalError
+from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit.errors import FatalError
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-_in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+_in_flight: PerLoop[dict[str, asyncio.Future[Any]]] = PerLoop(dict)
 _imported = False
 
 
@@ -44,8 +42,7 @@ async def get_connection(conn_id: str, *, argument: str = "conn_id") -> Connecti
     if not _imported:
         await asyncio.to_thread(_import_lookup_machinery)
         _imported = True
-    loop = asyncio.get_running_loop()
-    pending = _in_flight.setdefault(loop, {})
+    pending = _in_flight.get()
     lookup = pending.get(conn_id)
     if lookup is None:
         lookup = pending[conn_id] = asyncio.ensure_future(_lookup(conn_id))

@@ -17,6 +17,14 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
+from airflow_deferrable_kit.errors import (
+    ConditionFailed,
+    ErrorType,
+    FatalError,
+    TransientError,
+    WaitError,
+)
+
 Status = Literal["success", "timeout", "error"]
 SUCCESS: Final = "success"
 TIMEOUT: Final = "timeout"
@@ -25,7 +33,9 @@ ERROR: Final = "error"
 #: Upper bound for one serialized payload: it lands in the trigger event and in XCom.
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 #: Keys the base classes own; a check's data may not use them.
-RESERVED_KEYS: Final = frozenset({"status", "error_type", "message"})
+RESERVED_KEYS: Final = frozenset({"status", "error_type", "message", "truncated"})
+#: Longest error message an error payload carries, in characters.
+MAX_MESSAGE_CHARS: Final = 2000
 
 
 class Found:
@@ -43,48 +53,6 @@ class Found:
         return isinstance(other, Found) and other.data == self.data
 
     __hash__ = None  # type: ignore[assignment]
-
-
-class WaitError(Exception):
-    """Base of the errors a check raises to tell the loop what kind of failure it saw."""
-
-    error_type: str = "WaitError"
-
-    def __init__(self, message: str, *, error_type: str | None = None, details: Mapping[str, Any] | None = None):
-        super().__init__(message)
-        self.message = message
-        if error_type:
-            self.error_type = error_type
-        self.details: dict[str, Any] = dict(details or {})
-
-
-class TransientError(WaitError):
-    """Worth retrying after a backoff: throttling, 5xx, resets, a restarting server."""
-
-    error_type = "transient"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        retry_after: float | None = None,
-        error_type: str | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message, error_type=error_type, details=details)
-        self.retry_after = retry_after
-
-
-class FatalError(WaitError):
-    """Retrying cannot help (403, bad SQL, unknown bucket, bad config): end the wait with an error."""
-
-    error_type = "fatal"
-
-
-class ConditionFailed(FatalError):
-    """A failure acceptor matched: the awaited thing reported that it will never be ready."""
-
-    error_type = "condition_failed"
 
 
 class PayloadError(TypeError):
@@ -145,17 +113,140 @@ def require_json_primitives(value: Any, *, what: str, _path: str = "$") -> None:
 
 
 def truncate_text(text: str, limit: int) -> str:
-    """Cut ``text`` to ``limit`` characters, marking the cut so nobody mistakes it for the whole."""
+    """Cut ``text`` to ``limit`` characters, marking the cut so nobody mistakes it for the whole.
+
+    The one value capper: readability limits (an excerpt, a column value, a SQL preview) use it;
+    the size of the whole payload is enforced by :func:`fit_payload`, in bytes.
+    """
     if len(text) <= limit:
         return text
-    return text[:limit] + f"... [{len(text) - limit} more characters]"
+    return text[:limit] + _cut_marker(len(text) - limit)
+
+
+def _cut_marker(cut: int) -> str:
+    return f"... [{cut} more characters]"
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as compact, ASCII-escaped JSON: an upper bound on what Airflow stores."""
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+#: Bytes kept free for the ``truncated`` report itself while a payload is being fitted.
+_REPORT_RESERVE: Final = 512
+#: A payload needing more cuts than this is summarised instead (a pathological shape).
+_MAX_CUTS: Final = 32
+
+
+def fit_payload(payload: dict[str, Any], limit: int = MAX_PAYLOAD_BYTES) -> dict[str, Any]:
+    """Make a JSON-safe payload fit ``limit`` bytes by cutting its largest parts, never by failing.
+
+    A met condition must stay a success however large the row, body, message or key list it
+    found. The largest string is shortened (marked with how much was cut), the largest list or
+    object loses its tail items, until the payload fits; each cut is listed under ``truncated``
+    (``path``, what it was, and how much was kept), so nobody mistakes a part for the whole.
+    ``status``, ``error_type`` and ``message`` are never cut.
+    """
+    if json_size(payload) <= limit:
+        return payload
+    fitted: dict[str, Any] = json.loads(json.dumps(payload))  # a private copy to cut
+    cuts: list[dict[str, Any]] = []
+    budget = limit - _REPORT_RESERVE
+    for _ in range(_MAX_CUTS):
+        excess = json_size(fitted) - budget
+        if excess <= 0:
+            break
+        target = _largest_part(fitted)
+        if target is None:
+            break
+        size = target[3]
+        # Cut the biggest part to what the excess asks, but not below a share of the budget in one
+        # step, so a second large part gives its share too (it is cut again if still needed).
+        cuts.append(_cut(target, min(excess, size - min(size // 2, budget // 4))))
+    if json_size(fitted) > budget:  # many small top-level fields: keep the first that fit
+        kept: dict[str, Any] = {key: fitted[key] for key in _PROTECTED if key in fitted}
+        used = json_size(kept)
+        for key, value in fitted.items():
+            if key not in kept and used + json_size({key: value}) <= budget:
+                kept[key] = value
+                used += json_size({key: value})
+        cuts.append({"path": "$", "kind": "object", "original_keys": len(fitted), "kept_keys": len(kept)})
+        fitted = kept
+    fitted["truncated"] = cuts[:_MAX_CUTS]
+    if json_size(fitted) > limit:
+        fitted["truncated"] = [{"path": "$", "cuts": len(cuts)}]
+    return fitted
+
+
+#: Top-level keys that are never cut: the contract every consumer of a payload relies on.
+_PROTECTED: Final = ("status", "error_type", "message", "truncated")
+_Part = tuple[Any, Any, str, int]  # (container, key or index, path, size in bytes)
+
+
+def _largest_part(payload: dict[str, Any]) -> _Part | None:
+    """The part most worth cutting: the biggest string, else the biggest list or object."""
+    best_text: _Part | None = None
+    best_container: _Part | None = None
+    stack: list[tuple[Any, Any, str]] = [(payload, key, f"$.{key}") for key in payload if key not in _PROTECTED]
+    while stack:
+        container, key, path = stack.pop()
+        value = container[key]
+        if isinstance(value, str):
+            size = json_size(value)
+            if size > 64 and (best_text is None or size > best_text[3]):
+                best_text = (container, key, path, size)
+        elif isinstance(value, (list, dict)) and value:
+            size = json_size(value)
+            if len(value) > 1 and (best_container is None or size > best_container[3]):
+                best_container = (container, key, path, size)
+            items = enumerate(value) if isinstance(value, list) else ((k, v) for k, v in value.items())
+            stack.extend((value, k, f"{path}[{k}]" if isinstance(value, list) else f"{path}.{k}") for k, _ in items)
+    if best_text is not None and (best_container is None or best_text[3] * 4 >= best_container[3]):
+        return best_text
+    return best_container or best_text
+
+
+def _cut(part: _Part, excess: int) -> dict[str, Any]:
+    """Shrink one part by about ``excess`` bytes and describe the cut."""
+    container, key, path, size = part
+    value = container[key]
+    if isinstance(value, str):
+        keep = _prefix_within(value, max(size - excess - 40, 0))
+        container[key] = value[:keep] + _cut_marker(len(value) - keep)
+        return {"path": path, "kind": "text", "original_chars": len(value), "kept_chars": keep}
+    items = list(value.items()) if isinstance(value, dict) else value
+    room = max(size - excess, 2)
+    kept, used = 0, 2
+    for item in items:
+        used += json_size(item) + 1
+        if used > room:
+            break
+        kept += 1
+    if isinstance(value, dict):
+        container[key] = dict(items[:kept])
+        return {"path": path, "kind": "object", "original_keys": len(items), "kept_keys": kept}
+    container[key] = value[:kept]
+    return {"path": path, "kind": "list", "original_items": len(items), "kept_items": kept}
+
+
+def _prefix_within(text: str, budget: int) -> int:
+    """The longest prefix length of ``text`` whose JSON form is at most ``budget`` bytes."""
+    low, high = 0, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if json_size(text[:middle]) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def build_payload(status: Status, data: Mapping[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
-    """Assemble a payload: ``status`` first, then the data, made JSON-safe and size-capped.
+    """Assemble a payload: ``status`` first, then the data, made JSON-safe and fitted to the cap.
 
     Common values (datetimes, ``Decimal``, ``UUID``, bytes) are converted by :func:`json_safe`;
-    anything else raises :class:`PayloadError`, as does a payload over :data:`MAX_PAYLOAD_BYTES`.
+    anything else raises :class:`PayloadError`. A payload over :data:`MAX_PAYLOAD_BYTES` is cut
+    to fit by :func:`fit_payload`, never refused: a met condition stays a success.
     """
     payload: dict[str, Any] = {"status": status}
     for key, value in (data or {}).items():
@@ -163,14 +254,7 @@ def build_payload(status: Status, data: Mapping[str, Any] | None = None, **field
             raise PayloadError(f"payload data may not use the reserved key {key!r}")
         payload[key] = value
     payload.update(fields)
-    payload = json_safe(payload, _path="$")
-    size = len(json.dumps(payload, separators=(",", ":")))
-    if size > MAX_PAYLOAD_BYTES:
-        raise PayloadError(
-            f"payload is {size} bytes once serialized; the limit is {MAX_PAYLOAD_BYTES}. "
-            "Cap lists and excerpts in the check."
-        )
-    return payload
+    return fit_payload(json_safe(payload, _path="$"))
 
 
 def success_payload(found: Found) -> dict[str, Any]:
@@ -178,8 +262,33 @@ def success_payload(found: Found) -> dict[str, Any]:
 
 
 def timeout_payload(message: str) -> dict[str, Any]:
-    return build_payload(TIMEOUT, message=message)
+    return build_payload(TIMEOUT, message=truncate_text(message, MAX_MESSAGE_CHARS))
 
 
-def error_payload(error_type: str, message: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return build_payload(ERROR, details, error_type=error_type, message=truncate_text(message, 2000))
+def error_payload(
+    error_type: ErrorType | str, message: str, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    return build_payload(ERROR, details, error_type=str(error_type), message=truncate_text(message, MAX_MESSAGE_CHARS))
+
+
+__all__ = [
+    "ERROR",
+    "MAX_PAYLOAD_BYTES",
+    "SUCCESS",
+    "TIMEOUT",
+    "ConditionFailed",
+    "ErrorType",
+    "FatalError",
+    "Found",
+    "PayloadError",
+    "TransientError",
+    "WaitError",
+    "build_payload",
+    "error_payload",
+    "fit_payload",
+    "json_safe",
+    "json_size",
+    "success_payload",
+    "timeout_payload",
+    "truncate_text",
+]

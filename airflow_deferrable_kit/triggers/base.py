@@ -18,7 +18,6 @@ import json
 import math
 import random
 import time
-import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any, ClassVar
@@ -33,7 +32,10 @@ from airflow.triggers.base import (
 from pydantic import JsonValue
 from typing_extensions import dataclass_transform
 
+from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
+from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit.clients import Closer, Factory, Leases
+from airflow_deferrable_kit.errors import ErrorType, describe_exception
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import (
     ERROR,
@@ -50,8 +52,6 @@ from airflow_deferrable_kit.payload import (
     timeout_payload,
 )
 
-#: Shortest sleep before a retry, so an error storm can never become a hot loop.
-MIN_RETRY_DELAY = 0.1
 #: Shortest sleep between two polls of any kind.
 MIN_POLL_DELAY = 0.001
 #: CPU seconds one loop iteration may spend on waits woken together before the rest wait a turn.
@@ -140,15 +140,11 @@ class _Pacer:
             self._schedule_turn()
 
 
-_pacers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer] = weakref.WeakKeyDictionary()
+_pacers: PerLoop[_Pacer] = PerLoop(lambda: _Pacer(asyncio.get_running_loop()))
 
 
 def _pacer() -> _Pacer:
-    loop = asyncio.get_running_loop()
-    pacer = _pacers.get(loop)
-    if pacer is None:
-        pacer = _pacers[loop] = _Pacer(loop)
-    return pacer
+    return _pacers.get()
 
 
 class Clock:
@@ -247,11 +243,9 @@ class PollingTrigger(BaseTrigger):
         """Map a client exception to transient or fatal. Subclasses add their clients' errors."""
         if isinstance(exc, WaitError):
             return exc
-        if isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
-            return TransientError(f"{type(exc).__name__}: {exc}", error_type="network")
-        if isinstance(exc, OSError):
-            return TransientError(f"{type(exc).__name__}: {exc}", error_type="network")
-        return FatalError(f"unexpected {type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+        if isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError)):  # ConnectionError is an OSError
+            return TransientError(describe_exception(exc), error_type=ErrorType.NETWORK)
+        return FatalError(f"unexpected {describe_exception(exc)}", error_type=ErrorType.INTERNAL)
 
     def next_poll_delay(self) -> float:
         """Seconds until the next healthy poll; a subclass with a known target time shortens it."""
@@ -312,6 +306,7 @@ class PollingTrigger(BaseTrigger):
         self.log.info("Waiting: %s (deadline %s)", self.describe(), self.deadline or "none")
         failures = 0
         phased = not self.spread_polls
+        self._last_error: WaitError | None = None
         while True:
             left = self.seconds_left()
             if left is not None and left <= 0:
@@ -326,6 +321,7 @@ class PollingTrigger(BaseTrigger):
                     self.log.error("Wait failed (%s): %s", error.error_type, error.message)
                     return self._safe(error_payload, error.error_type, error.message, error.details)
                 failures += 1
+                self._last_error = error
                 delay = self.backoff_delay(failures, error.retry_after)
                 self.log.warning(
                     "Transient error %d (%s): %s; retrying in %.2fs",
@@ -383,14 +379,13 @@ class PollingTrigger(BaseTrigger):
 
     def backoff_delay(self, failures: int, retry_after: float | None = None) -> float:
         """Full-jitter exponential backoff: uniform in [0, min(cap, interval * 2^n)], with a floor."""
-        ceiling = min(float(self.max_backoff), float(self.poll_interval) * 2.0 ** min(failures, 30))
-        delay = max(random.uniform(0.0, ceiling), min(MIN_RETRY_DELAY, float(self.poll_interval)))
-        if retry_after is not None:
-            delay = max(delay, float(retry_after))
-        return delay
+        return full_jitter(failures, base=self.poll_interval, cap=self.max_backoff, retry_after=retry_after)
 
     def _timed_out(self) -> dict[str, Any]:
         message = f"{self.describe()}: deadline {self.deadline} passed before the condition held"
+        last = getattr(self, "_last_error", None)
+        if last is not None:
+            message += f"; last transient error ({last.error_type}): {last.message}"
         self.log.info("Wait timed out: %s", message)
         return timeout_payload(message)
 
@@ -400,7 +395,7 @@ class PollingTrigger(BaseTrigger):
             payload = build(*args)
         except PayloadError as exc:
             self.log.error("%s produced an unusable payload: %s", type(self).__name__, exc)
-            return error_payload("payload_error", f"{type(self).__name__} produced an unusable payload: {exc}")
+            return error_payload(ErrorType.PAYLOAD_ERROR, f"{type(self).__name__} produced an unusable payload: {exc}")
         return payload
 
     def to_event(self, payload: dict[str, Any]) -> TriggerEvent:
@@ -441,6 +436,7 @@ _DEADLINE = object()
 
 __all__ = [
     "ERROR",
+    "MIN_RETRY_DELAY",
     "SUCCESS",
     "TIMEOUT",
     "Clock",

@@ -45,7 +45,7 @@ class ScriptedTrigger(PollingTrigger):
             _, _, after = step.partition(":")
             raise TransientError("server said 503", retry_after=float(after) if after else None)
         if step == "fatal":
-            raise FatalError("access denied to the thing", error_type="access_denied")
+            raise FatalError("access denied to the thing", error_type="authorization")
         if step == "boom":
             raise KeyError("surprise")
         if step == "hang":

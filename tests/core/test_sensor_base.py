@@ -21,7 +21,7 @@ from tests.core.sample import CHECKS, NeedsMissingExtraSensor, ScriptedSensor, S
 
 SUCCESS = {"status": "success", "script": "x", "checks": 1}
 TIMEOUT = {"status": "timeout", "message": "deadline passed"}
-ERROR = {"status": "error", "error_type": "access_denied", "message": "403 Forbidden"}
+ERROR = {"status": "error", "error_type": "authorization", "message": "403 Forbidden"}
 
 
 def sensor(name: str, *steps: str, **kwargs: object) -> ScriptedSensor:
@@ -97,7 +97,7 @@ def test_check_before_defer_can_be_turned_off() -> None:
 
 def test_a_fatal_error_before_deferring_fails_even_with_soft_fail() -> None:
     s = sensor("fatal-first", "fatal", deferrable=True, soft_fail=True)
-    with pytest.raises(WaitFailedError, match="access_denied: access denied"):
+    with pytest.raises(WaitFailedError, match="authorization: access denied"):
         s.execute(make_context(s))
 
 
@@ -130,7 +130,7 @@ def test_timeout_event_raises_sensor_timeout_or_skips_with_soft_fail(soft_fail: 
 @pytest.mark.parametrize("soft_fail", [False, True])
 def test_error_event_fails_the_task_even_with_soft_fail(soft_fail: bool) -> None:
     s = sensor("r3", "none", soft_fail=soft_fail)
-    with pytest.raises(WaitFailedError, match="access_denied: 403 Forbidden"):
+    with pytest.raises(WaitFailedError, match="authorization: 403 Forbidden"):
         resume(s, ERROR)
 
 

@@ -218,7 +218,7 @@ async def test_fatal_error_ends_at_once_with_an_error_event() -> None:
     clock = FakeClock()
     trigger = scripted("deny", "none", "fatal", clock=clock, poll_interval=2)
     payload = await run_trigger_payload(trigger)
-    assert payload == {"status": "error", "error_type": "access_denied", "message": "access denied to the thing"}
+    assert payload == {"status": "error", "error_type": "authorization", "message": "access denied to the thing"}
     assert len(clock.sleeps) == 1
     assert 0 < clock.sleeps[0] <= 2
 
@@ -227,8 +227,8 @@ async def test_unexpected_exception_is_an_error_event_not_a_crash_or_a_loop() ->
     clock = FakeClock()
     payload = await run_trigger_payload(scripted("boom", "boom", clock=clock))
     assert payload["status"] == "error"
-    assert payload["error_type"] == "KeyError"
-    assert "surprise" in payload["message"]
+    assert payload["error_type"] == "internal"
+    assert "KeyError" in payload["message"] and "surprise" in payload["message"]
     assert clock.sleeps == []
 
 
@@ -243,11 +243,23 @@ async def test_unusable_check_data_becomes_a_clear_error_event(step: str, messag
     assert message in payload["message"]
 
 
-async def test_oversized_payload_is_refused_with_the_limit_in_the_message() -> None:
-    from airflow_deferrable_kit.payload import PayloadError, build_payload
+async def test_an_oversized_success_stays_a_success_cut_to_the_cap() -> None:
+    from airflow_deferrable_kit.payload import build_payload, json_size
 
-    with pytest.raises(PayloadError, match=str(MAX_PAYLOAD_BYTES)):
-        build_payload("success", {"blob": "x" * MAX_PAYLOAD_BYTES})
+    payload = build_payload("success", {"blob": "x" * MAX_PAYLOAD_BYTES})
+    assert payload["status"] == "success"
+    assert json_size(payload) <= MAX_PAYLOAD_BYTES
+    assert payload["truncated"] == [
+        {"path": "$.blob", "kind": "text", "original_chars": MAX_PAYLOAD_BYTES, "kept_chars": ANY_INT}
+    ]
+
+
+class _AnyInt:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int) and not isinstance(other, bool) and other > 0
+
+
+ANY_INT = _AnyInt()
 
 
 # ----------------------------------------------------------------------------- end_from_trigger
