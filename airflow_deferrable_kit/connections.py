@@ -3,6 +3,12 @@
 Triggers carry only a ``conn_id``; credentials are looked up where the trigger runs, through
 Airflow's async connection API, so no secret is ever stored in trigger kwargs.
 
+"Not found" is not final at once: inside the triggerer, Airflow's execution-API secrets backend
+answers ``None`` when it cannot reach its supervisor (a triggerer restart, an API blip), which
+looks exactly like a missing connection. A miss is therefore retried as a transient error for
+:data:`NOT_FOUND_GRACE` seconds from the first miss of that ``conn_id`` in this process; a
+connection that really does not exist ends the wait with one clear error when the window closes.
+
 Two things keep the lookup off the loop's critical path: Airflow's lookup machinery is imported
 once in a worker thread (its first import would otherwise stall the loop), and concurrent
 lookups of one ``conn_id`` are merged, so a thousand triggers starting together make one lookup
@@ -12,16 +18,21 @@ lookups of one ``conn_id`` are merged, so a thousand triggers starting together 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._per_loop import PerLoop
-from airflow_deferrable_kit.errors import FatalError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
 _in_flight: PerLoop[dict[str, asyncio.Future[Any]]] = PerLoop(dict)
 _imported = False
+#: Seconds a "connection not found" is retried before it is believed (see the module docstring).
+NOT_FOUND_GRACE = 30.0
+#: When each conn_id was first found missing, until a lookup of it succeeds.
+_first_miss: dict[str, float] = {}
 
 
 def _import_lookup_machinery() -> None:
@@ -50,12 +61,31 @@ async def get_connection(conn_id: str, *, argument: str = "conn_id") -> Connecti
     try:
         conn: Connection = await asyncio.shield(lookup)
     except LookupError as exc:
-        raise FatalError(
-            f"{argument}={conn_id!r}: no Airflow connection with this id is defined "
-            "(create it in the UI, an AIRFLOW_CONN_* variable or a secrets backend)",
-            error_type="connection_not_found",
-        ) from exc
+        raise _not_found(conn_id, argument) from exc
+    _first_miss.pop(conn_id, None)
     return conn
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def _not_found(conn_id: str, argument: str) -> TransientError | FatalError:
+    """Transient within the grace window of the first miss, fatal once it has closed."""
+    now = _now()
+    first = _first_miss.setdefault(conn_id, now)
+    if now - first < NOT_FOUND_GRACE:
+        return TransientError(
+            f"{argument}={conn_id!r}: Airflow found no connection with this id; asking again for up to "
+            f"{NOT_FOUND_GRACE:g}s in case Airflow could not be asked (a triggerer restart answers the same way)",
+            error_type=ErrorType.UNAVAILABLE,
+        )
+    return FatalError(
+        f"{argument}={conn_id!r}: no Airflow connection with this id is defined "
+        f"(still missing {now - first:.0f}s after the first lookup; create it in the UI, an AIRFLOW_CONN_* "
+        "variable or a secrets backend)",
+        error_type=ErrorType.CONNECTION_NOT_FOUND,
+    )
 
 
 async def _lookup(conn_id: str) -> Connection:

@@ -83,15 +83,21 @@ def assert_defers(
     *,
     method_name: str = "execute_complete",
     context: Any = None,
+    render: bool = True,
 ) -> T:
     """Run ``sensor.execute`` and assert it defers with ``trigger_class`` to ``method_name``.
 
+    As the worker does, the sensor's templated fields are rendered with ``context`` first
+    (``{{ ds }}``, ``{{ run_id }}``, ...); pass ``render=False`` for a sensor rendered already.
     Returns the trigger, so the test can check its kwargs or run it with :func:`run_trigger`.
     """
     from airflow.sdk.exceptions import TaskDeferred
 
+    context = context if context is not None else make_context(sensor)
+    if render:
+        sensor.render_template_fields(context)
     try:
-        result = sensor.execute(context if context is not None else make_context(sensor))
+        result = sensor.execute(context)
     except TaskDeferred as deferred:
         trigger = deferred.trigger
         if not isinstance(trigger, trigger_class):

@@ -62,6 +62,15 @@ def airflow(showcase: Showcase) -> LocalAirflow:
     return showcase.airflow
 
 
+@pytest.fixture(autouse=True)
+def _connection_misses_are_final(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing connection is believed at once in tests (the grace window has tests of its own)."""
+    from airflow_deferrable_kit import connections
+
+    monkeypatch.setattr(connections, "NOT_FOUND_GRACE", 0.0)
+    monkeypatch.setattr(connections, "_first_miss", {})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the end-to-end tests last: their Airflow keeps the machine busy once started, which
     would disturb the event-loop blocking checks of the tests that measure it."""

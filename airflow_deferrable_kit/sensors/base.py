@@ -23,7 +23,9 @@ from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT
 from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after
 
 #: Parameters of :class:`PollingTrigger` that the sensor fills in itself.
-SENSOR_MANAGED = frozenset({"poll_interval", "deadline", "end_from_trigger", "soft_fail", "max_backoff"})
+SENSOR_MANAGED = frozenset(
+    {"poll_interval", "deadline", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push", "max_backoff"}
+)
 #: How long after the trigger's own deadline Airflow's backstop timeout fires. The trigger's
 #: timeout event normally wins; the backstop covers a trigger that never ran at all.
 BACKSTOP_GRACE = timedelta(seconds=60)
@@ -151,6 +153,8 @@ class DeferrableSensor(BaseSensorOperator):
             deadline=deadline,
             end_from_trigger=self.end_from_trigger,
             soft_fail=self.soft_fail,
+            never_fail=self.never_fail,
+            do_xcom_push=self.do_xcom_push,
             max_backoff=self.max_backoff,
         )
 

@@ -188,13 +188,23 @@ class PollingTrigger(BaseTrigger):
         in the kwargs, so a triggerer restart or a re-deferral never restarts the clock.
     :param end_from_trigger: finish the task from the triggerer (no worker slot on resume).
     :param soft_fail: with ``end_from_trigger``, a timeout skips the task instead of failing it.
+    :param never_fail: with ``end_from_trigger``, a timeout or an error skips the task.
+    :param do_xcom_push: with ``end_from_trigger``, push the success payload as the XCom.
     :param max_backoff: the cap, in seconds, of the backoff after repeated transient errors.
+
+    With ``end_from_trigger`` the task ends as it would on the worker path: a success ends it
+    from the triggerer (payload as XCom), as does a skip; an error fails it with the normal
+    retry rules. A timeout that fails the task resumes on the worker, which raises
+    ``AirflowSensorTimeout``: Airflow retries a failure sent from the triggerer when retries
+    remain, and each retry would start a fresh budget, while a sensor timeout is never retried.
     """
 
     poll_interval: float = 30.0
     deadline: str | None = None
     end_from_trigger: bool = False
     soft_fail: bool = False
+    never_fail: bool = False
+    do_xcom_push: bool = True
     max_backoff: float = 300.0
 
     #: Optional extra this trigger's client comes from, and the modules it provides.
@@ -208,6 +218,7 @@ class PollingTrigger(BaseTrigger):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(kw_only=True, eq=False, repr=False)(cls)
+        _refuse_reserved_parameters(cls)
 
     def __post_init__(self) -> None:
         BaseTrigger.__init__(self)
@@ -399,15 +410,23 @@ class PollingTrigger(BaseTrigger):
         return payload
 
     def to_event(self, payload: dict[str, Any]) -> TriggerEvent:
-        """Wrap the payload: a plain event, or with ``end_from_trigger`` one that ends the task."""
+        """Wrap the payload: a plain event, or with ``end_from_trigger`` one that ends the task.
+
+        The outcome is the worker path's for every status (see the class docstring); only a
+        timeout that would fail the task goes back to the worker, so it is never retried.
+        """
         if not self.end_from_trigger:
             return TriggerEvent(payload)
-        xcoms: dict[str, JsonValue] = {"return_value": payload}
+        xcoms: dict[str, JsonValue] | None = {"return_value": payload} if self.do_xcom_push else None
         status = payload["status"]
         if status == SUCCESS:
             return TaskSuccessEvent(xcoms=xcoms)
-        if status == TIMEOUT and self.soft_fail:
+        if status == TIMEOUT and (self.soft_fail or self.never_fail):
             return TaskSkippedEvent(xcoms=xcoms)
+        if status == ERROR and self.never_fail:
+            return TaskSkippedEvent(xcoms=xcoms)
+        if status == TIMEOUT:
+            return TriggerEvent(payload)  # the worker raises AirflowSensorTimeout: never retried
         return TaskFailedEvent(xcoms=xcoms)
 
     async def poll_once(self) -> dict[str, Any] | None:
@@ -433,6 +452,24 @@ class PollingTrigger(BaseTrigger):
 
 
 _DEADLINE = object()
+
+#: Names ``BaseTrigger`` sets or uses on every instance (``__init__`` resets some of them).
+_BASE_TRIGGER_ATTRIBUTES = frozenset({"trigger_id", "task_id", "template_fields", "template_ext", "task_instance"})
+
+
+def _refuse_reserved_parameters(cls: type[PollingTrigger]) -> None:
+    """A parameter named like a BaseTrigger attribute or a method would be silently overwritten."""
+    own = {f.name for f in dataclasses.fields(PollingTrigger)}
+    reserved = _BASE_TRIGGER_ATTRIBUTES | {name for name in dir(BaseTrigger) if not name.startswith("__")}
+    reserved |= {name for name, value in vars(PollingTrigger).items() if callable(value) or isinstance(value, property)}
+    clashes = sorted(f.name for f in dataclasses.fields(cls) if f.name not in own and f.name in reserved)
+    if clashes:
+        raise TypeError(
+            f"{cls.__name__}: parameter(s) {', '.join(clashes)} clash with attributes Airflow's BaseTrigger or "
+            "PollingTrigger set or call on every trigger (BaseTrigger.__init__ resets trigger_id, task_id, "
+            "template_fields and template_ext); rename them, e.g. 'job_id' instead of 'task_id'"
+        )
+
 
 __all__ = [
     "ERROR",

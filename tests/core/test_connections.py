@@ -18,6 +18,41 @@ async def test_unknown_conn_id_is_a_fatal_error_naming_the_argument() -> None:
     assert info.value.error_type == "connection_not_found"
 
 
+async def test_a_miss_within_the_grace_window_is_transient_then_fatal_when_it_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Inside the triggerer "not found" can mean "could not ask": believe it only after the window.
+    from airflow_deferrable_kit.errors import TransientError
+
+    now = [1_000.0]
+    monkeypatch.setattr(connections, "NOT_FOUND_GRACE", 30.0)
+    monkeypatch.setattr(connections, "_now", lambda: now[0])
+    with pytest.raises(TransientError, match=r"postgres_conn_id='late'.*up to 30s") as first:
+        await connections.get_connection("late", argument="postgres_conn_id")
+    assert first.value.error_type == "unavailable"
+    now[0] += 29.0
+    with pytest.raises(TransientError):
+        await connections.get_connection("late", argument="postgres_conn_id")
+    now[0] += 1.5
+    with pytest.raises(FatalError, match=r"postgres_conn_id='late': no Airflow connection.*30s after") as final:
+        await connections.get_connection("late", argument="postgres_conn_id")
+    assert final.value.error_type == "connection_not_found"
+
+
+async def test_a_connection_that_appears_within_the_window_is_used_and_the_window_resets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_deferrable_kit.errors import TransientError
+
+    monkeypatch.setattr(connections, "NOT_FOUND_GRACE", 30.0)
+    with pytest.raises(TransientError):
+        await connections.get_connection("blip")
+    monkeypatch.setenv("AIRFLOW_CONN_BLIP", json.dumps({"conn_type": "http", "host": "example.invalid"}))
+    conn = await connections.get_connection("blip")
+    assert conn.host == "example.invalid"
+    assert "blip" not in connections._first_miss
+
+
 async def test_a_thousand_concurrent_lookups_resolve_once_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(
         "AIRFLOW_CONN_SHARED_LOOKUP",

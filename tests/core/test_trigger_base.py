@@ -20,9 +20,10 @@ from airflow_deferrable_kit.triggers.base import (
     MIN_RETRY_DELAY,
     TURN_BUDGET,
     WAKES_PER_TURN_START,
+    PollingTrigger,
     deadline_after,
 )
-from tests.core.sample import CHECKS, LeasingTrigger, ScriptedTrigger, script
+from tests.core.sample import CHECKS, LeasingTrigger, ScriptedSensor, ScriptedTrigger, script
 
 
 def scripted(name: str, *steps: str, clock: FakeClock | None = None, **kwargs: object) -> ScriptedTrigger:
@@ -263,30 +264,79 @@ ANY_INT = _AnyInt()
 
 
 # ----------------------------------------------------------------------------- end_from_trigger
-@pytest.mark.parametrize(
-    ("steps", "soft_fail", "expected_type", "status"),
-    [
-        (("found",), False, TaskSuccessEvent, "success"),
-        (("fatal",), True, TaskFailedEvent, "error"),
-        (("none",), True, TaskSkippedEvent, "timeout"),
-        (("none",), False, TaskFailedEvent, "timeout"),
-    ],
-)
-async def test_end_from_trigger_finishes_the_task_with_the_payload_as_xcom(
-    steps: tuple[str, ...], soft_fail: bool, expected_type: type, status: str
+def _worker_outcome(payload: dict, *, soft_fail: bool, never_fail: bool) -> str:
+    """How the worker path ends a task given this payload (the sensor's ``finish``)."""
+    from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
+
+    from airflow_deferrable_kit.sensors.base import WaitFailedError
+
+    sensor = ScriptedSensor(task_id="outcome", script="s", soft_fail=soft_fail, never_fail=never_fail)
+    try:
+        sensor.finish(payload)
+    except AirflowSkipException:
+        return "skipped"
+    except AirflowSensorTimeout:
+        return "failed, never retried"
+    except WaitFailedError:
+        return "failed, retried if retries remain"
+    return "success"
+
+
+def _event_outcome(event: TriggerEvent, payload: dict, *, soft_fail: bool, never_fail: bool) -> str:
+    """How Airflow ends a task given this event (models/trigger.py handle_event_submit)."""
+    if type(event) is TriggerEvent:  # resumes on the worker
+        return _worker_outcome(event.payload, soft_fail=soft_fail, never_fail=never_fail)
+    return {
+        TaskSuccessEvent: "success",
+        TaskSkippedEvent: "skipped",
+        TaskFailedEvent: "failed, retried if retries remain",  # is_eligible_to_retry
+    }[type(event)]
+
+
+@pytest.mark.parametrize("step", ["found", "fatal", "none"])
+@pytest.mark.parametrize(("soft_fail", "never_fail"), [(False, False), (True, False), (False, True)])
+async def test_end_from_trigger_ends_every_status_exactly_as_the_worker_path(
+    step: str, soft_fail: bool, never_fail: bool
 ) -> None:
     trigger = scripted(
-        f"end-{status}-{soft_fail}",
-        *steps,
+        f"end-{step}-{soft_fail}-{never_fail}",
+        step,
         end_from_trigger=True,
         soft_fail=soft_fail,
+        never_fail=never_fail,
         poll_interval=0.01,
         deadline=deadline_after(0.05),
     )
     event = await run_trigger(trigger)
-    assert type(event) is expected_type
-    assert event.xcoms is not None
-    assert event.xcoms["return_value"]["status"] == status  # type: ignore[index,call-overload]
+    plain = await run_trigger_payload(
+        scripted(f"plain-{step}", step, poll_interval=0.01, deadline=deadline_after(0.05))
+    )
+    expected = _worker_outcome(plain, soft_fail=soft_fail, never_fail=never_fail)
+    assert _event_outcome(event, plain, soft_fail=soft_fail, never_fail=never_fail) == expected
+    if step == "none" and not (soft_fail or never_fail):
+        # a timeout that fails goes back to the worker: Airflow would retry a TaskFailedEvent
+        assert type(event) is TriggerEvent and event.payload["status"] == "timeout"
+    else:
+        assert isinstance(event, (TaskSuccessEvent, TaskSkippedEvent, TaskFailedEvent))
+        assert event.xcoms is not None
+        assert event.xcoms["return_value"]["status"] == plain["status"]  # type: ignore[index,call-overload]
+
+
+async def test_end_from_trigger_without_do_xcom_push_pushes_no_xcom() -> None:
+    event = await run_trigger(scripted("no-xcom", "found", end_from_trigger=True, do_xcom_push=False))
+    assert type(event) is TaskSuccessEvent and event.xcoms is None
+
+
+def test_the_sensor_passes_never_fail_and_do_xcom_push_to_its_trigger() -> None:
+    sensor = ScriptedSensor(task_id="flags", script="s", never_fail=True, do_xcom_push=False, end_from_trigger=True)
+    trigger = sensor.build_trigger(deadline=None)
+    assert (trigger.never_fail, trigger.do_xcom_push, trigger.end_from_trigger) == (True, False, True)
+
+
+@pytest.mark.parametrize("name", ["task_id", "trigger_id", "template_fields", "template_ext", "run", "check"])
+def test_a_parameter_named_like_a_base_trigger_attribute_is_refused_when_the_class_is_defined(name: str) -> None:
+    with pytest.raises(TypeError, match=f"parameter\\(s\\) {name} clash"):
+        type(f"Clashing_{name}", (PollingTrigger,), {"__annotations__": {name: "str"}, name: "x"})
 
 
 async def test_without_end_from_trigger_the_event_is_a_plain_trigger_event() -> None:
