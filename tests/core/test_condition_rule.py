@@ -1,0 +1,164 @@
+"""The one rule combining acceptors and a predicate, table-driven, as every wait applies it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_deferrable_kit.conditions import DEFAULT, MISSING, ConditionSet, lookup
+from airflow_deferrable_kit.errors import FatalError
+
+#: A wait with JSON-path conditions (the shape HTTP, Postgres columns and Kafka fields share).
+MATCHERS = {"path": True}
+
+READY = {"path": "state", "equals": "ready"}
+FAILED = {"path": "state", "in": ["failed", "cancelled"]}
+RUNNING = {"path": "state", "equals": "running"}
+PRED = "tests.core.predicates:returns"
+
+# (name, success, failure, retry, predicate, subject, expected state)
+RULE = [
+    ("no conditions: the wait's default", [], [], [], None, {"state": "x"}, DEFAULT),
+    ("success acceptor matches", [READY], [], [], None, {"state": "ready"}, "success"),
+    ("success acceptor does not match", [READY], [], [], None, {"state": "running"}, "retry"),
+    ("failure matches first", [READY], [FAILED], [], None, {"state": "failed"}, "failure"),
+    (
+        "retry matches before success",
+        [{"path": "ok", "equals": True}],
+        [],
+        [RUNNING],
+        None,
+        {"state": "running", "ok": True},
+        "retry",
+    ),
+    ("a missing path matches nothing", [READY], [FAILED], [], None, {}, "retry"),
+    ("predicate alone, truthy count", [], [], [], PRED, {"returns": 5}, "success"),
+    ("predicate alone, zero count", [], [], [], PRED, {"returns": 0}, "retry"),
+    ("predicate alone, 'yes'", [], [], [], PRED, {"returns": "yes"}, "success"),
+    ("predicate alone, empty list", [], [], [], PRED, {"returns": []}, "retry"),
+    ("predicate alone, non-empty list", [], [], [], PRED, {"returns": [1]}, "success"),
+    ("predicate alone, None", [], [], [], PRED, {"returns": None}, "retry"),
+    ("predicate says failure explicitly", [], [], [], PRED, {"returns": "failure"}, "failure"),
+    ("predicate says retry explicitly", [], [], [], PRED, {"returns": "retry"}, "retry"),
+    (
+        "success acceptor picks the candidate, predicate agrees",
+        [READY],
+        [],
+        [],
+        PRED,
+        {"state": "ready", "returns": True},
+        "success",
+    ),
+    (
+        "success acceptor picks the candidate, predicate declines",
+        [READY],
+        [],
+        [],
+        PRED,
+        {"state": "ready", "returns": False},
+        "retry",
+    ),
+    (
+        "not a candidate: the predicate is not asked",
+        [READY],
+        [],
+        [],
+        PRED,
+        {"state": "running", "returns": True},
+        "retry",
+    ),
+    (
+        "failure acceptor decides before the predicate",
+        [],
+        [FAILED],
+        [],
+        PRED,
+        {"state": "failed", "returns": True},
+        "failure",
+    ),
+    (
+        "failure only plus predicate: the predicate decides the rest",
+        [],
+        [FAILED],
+        [],
+        PRED,
+        {"state": "running", "returns": True},
+        "success",
+    ),
+]
+
+
+def _value_of(subject: dict[str, Any]):  # noqa: ANN202
+    return lambda acceptor: lookup(subject, acceptor.parts) if acceptor.matcher == "path" else MISSING
+
+
+@pytest.mark.parametrize(
+    ("success", "failure", "retry", "predicate", "subject", "expected"),
+    [row[1:] for row in RULE],
+    ids=[row[0] for row in RULE],
+)
+async def test_the_rule(
+    success: list, failure: list, retry: list, predicate: str | None, subject: dict, expected: str
+) -> None:
+    canonical = ConditionSet.canonicalise(matchers=MATCHERS, success=success, failure=failure, retry=retry)
+    conditions = ConditionSet.load(canonical, predicate, matchers=MATCHERS)
+    verdict = await conditions.evaluate(_value_of(subject), lambda: subject)
+    assert verdict.state == expected
+    if expected != DEFAULT and verdict.decided_by is not None:
+        assert verdict.decided_by["state"] == expected
+        assert verdict.explain()
+
+
+async def test_an_async_predicate_follows_the_same_contract() -> None:
+    conditions = ConditionSet.load([], "tests.core.predicates:returns_async", matchers=MATCHERS)
+    assert (await conditions.evaluate(_value_of({}), lambda: {"returns": 3})).state == "success"
+    assert (await conditions.evaluate(_value_of({}), lambda: {"returns": 0})).state == "retry"
+
+
+async def test_the_predicate_verdict_names_it_and_what_it_returned() -> None:
+    conditions = ConditionSet.load(
+        ConditionSet.canonicalise(matchers=MATCHERS, success=[READY]), PRED, matchers=MATCHERS
+    )
+    verdict = await conditions.evaluate(_value_of({"state": "ready"}), lambda: {"returns": 42})
+    assert verdict.decided_by is not None
+    assert verdict.decided_by["argument"] == PRED and verdict.decided_by["returned"] == "42"
+    assert verdict.decided_by["candidate"]["argument"] == "state"
+    assert verdict.explain() == f"predicate {PRED} returned 42"
+
+
+@pytest.mark.parametrize(
+    ("predicate", "message"),
+    [
+        (
+            "tests.core.predicates:raises",
+            r"predicate 'tests.core.predicates:raises' failed: RuntimeError: cannot judge",
+        ),
+        (
+            "tests.core.predicates:ambiguous",
+            r"predicate 'tests.core.predicates:ambiguous' failed: TypeError: .*ambiguous",
+        ),
+        ("tests.core.predicates:nowhere", r"predicate 'tests.core.predicates:nowhere' failed: .*cannot be imported"),
+    ],
+)
+async def test_a_predicate_that_raises_ends_the_wait_naming_it(predicate: str, message: str) -> None:
+    conditions = ConditionSet.load([], predicate, matchers=MATCHERS)
+    with pytest.raises(FatalError, match=message) as info:
+        await conditions.evaluate(_value_of({}), lambda: {"state": "x"})
+    assert info.value.error_type == "predicate_error"
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [{"failure": [FAILED]}, {"retry": [RUNNING]}, {"failure": [FAILED], "retry": [RUNNING]}],
+)
+def test_a_set_that_could_never_succeed_is_refused(groups: dict) -> None:
+    canonical = ConditionSet.canonicalise(matchers=MATCHERS, **groups)
+    with pytest.raises(ValueError, match="could never succeed"):
+        ConditionSet.load(canonical, None, matchers=MATCHERS)
+
+
+def test_acceptors_are_compiled_once_with_their_paths_parsed() -> None:
+    canonical = ConditionSet.canonicalise(matchers=MATCHERS, success=[{"path": 'data.items[0]["a.b"]', "equals": 1}])
+    (acceptor,) = ConditionSet.load(canonical, None, matchers=MATCHERS).acceptors
+    assert acceptor.parts == ("data", "items", 0, "a.b")
