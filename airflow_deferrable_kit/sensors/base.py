@@ -9,7 +9,9 @@ very own ``check()``, so both paths agree on what "done" means.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, ClassVar, NoReturn
 
@@ -67,6 +69,9 @@ class DeferrableSensor(BaseSensorOperator):
     """
 
     trigger_class: ClassVar[type[PollingTrigger]]
+    #: The templated fields that may name a template file (``template_ext``); every other field,
+    #: and every value nested inside one, is rendered as text even if it ends in ``.sql``.
+    file_template_fields: ClassVar[tuple[str, ...]] = ()
     ui_color = "#d9f2e6"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -157,6 +162,38 @@ class DeferrableSensor(BaseSensorOperator):
             do_xcom_push=self.do_xcom_push,
             max_backoff=self.max_backoff,
         )
+
+    # ------------------------------------------------------------------------ templates
+    def resolve_template_files(self) -> None:
+        """Read template files (at DAG parse) only for :attr:`file_template_fields`."""
+        with self._template_fields_narrowed_to(self.file_template_fields):
+            super().resolve_template_files()
+
+    def render_template_fields(self, context: Context, jinja_env: Any = None) -> None:
+        """Render as Airflow does, with ``template_ext`` applied only to :attr:`file_template_fields`.
+
+        Airflow applies ``template_ext`` to every string of every templated field, nested ones
+        included, so ``match={"file_name": "daily.sql"}`` would be read as a template file.
+        """
+        jinja_env = jinja_env or self.get_template_env()
+        files = tuple(name for name in self.template_fields if name in self.file_template_fields)
+        self._do_render_template_fields(self, files, context, jinja_env, set())
+        others = tuple(name for name in self.template_fields if name not in self.file_template_fields)
+        saved = self.template_ext
+        self.template_ext = ()
+        try:
+            self._do_render_template_fields(self, others, context, jinja_env, set())
+        finally:
+            self.template_ext = saved
+
+    @contextlib.contextmanager
+    def _template_fields_narrowed_to(self, names: tuple[str, ...]) -> Iterator[None]:
+        saved = self.template_fields
+        self.template_fields = tuple(name for name in saved if name in names)
+        try:
+            yield
+        finally:
+            self.template_fields = saved
 
     # ------------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:

@@ -40,6 +40,7 @@ class PostgresBatchMarkerSensor(DeferrableSensor):
         "retry",
     )
     template_ext = (".sql",)
+    file_template_fields = ("sql",)
     template_fields_renderers = {"sql": "sql", "match": "json", "parameters": "json"}
     ui_color = "#dce9f5"
 

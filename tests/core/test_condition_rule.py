@@ -89,7 +89,7 @@ RULE = [
 ]
 
 
-def _value_of(subject: dict[str, Any]):  # noqa: ANN202
+def _value_of(subject: dict[str, Any]):
     return lambda acceptor: lookup(subject, acceptor.parts) if acceptor.matcher == "path" else MISSING
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import (
@@ -203,3 +204,32 @@ def test_a_trigger_parameter_that_clashes_with_an_operator_attribute_is_refused_
 
         class LabelSensor(DeferrableSensor):
             trigger_class = LabelTrigger
+
+
+# --------------------------------------------------------------------------------- templates
+class _FileTemplatedSensor(ScriptedSensor):
+    template_fields = ("note", "tags")
+    template_ext = (".sql",)
+    file_template_fields = ("note",)
+
+
+def test_template_ext_reads_files_only_for_file_template_fields(tmp_path: Path) -> None:
+    from airflow.sdk import DAG
+
+    (tmp_path / "daily.sql").write_text("select {{ ds }}")
+    with DAG("file_templates", schedule=None, template_searchpath=[str(tmp_path)]):
+        sensor = _FileTemplatedSensor(task_id="t", script="s", note="daily.sql", tags=["daily.sql", "{{ ds }}"])
+    sensor.resolve_template_files()
+    assert sensor.note == "select {{ ds }}"  # the file was read
+    assert sensor.tags == ["daily.sql", "{{ ds }}"]  # a value that only ends in .sql stays a value
+    context = make_context(sensor, ds="2026-12-01")
+    sensor.render_template_fields(context)
+    assert sensor.note == "select 2026-12-01"
+    assert sensor.tags == ["daily.sql", "2026-12-01"]
+
+
+def test_assert_defers_renders_templated_fields_as_the_worker_does() -> None:
+    sensor = ScriptedSensor(task_id="templated", script="templated-defer", note="{{ ds }}", deferrable=True)
+    script("templated-defer", "none")
+    trigger = assert_defers(sensor, ScriptedTrigger, context=make_context(sensor, ds="2026-12-01"))
+    assert trigger.note == "2026-12-01"
