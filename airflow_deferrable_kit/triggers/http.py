@@ -5,25 +5,32 @@ Readiness is data: acceptors on the status code and on JSON paths of the body (s
 from the Airflow connection inside the triggerer and are applied per request, so the kwargs
 hold none and one pooled keep-alive session serves every trigger in the process.
 
-``aiohttp`` (and ``yarl``, which ships with it) is imported lazily so this module imports
-without the ``http`` extra; the session factory imports it off the event loop.
+How a connection becomes a request, the shared session, the response and aiohttp's errors live
+in :mod:`airflow_deferrable_kit._http_client`; this module decides what a response means.
+Neither imports ``aiohttp`` at module level, so the sensor imports without the ``http`` extra.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import dataclasses
-import datetime as dt
-import email.utils
-import functools
-import importlib
 import json
-import ssl
-import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import Any, ClassVar, Final
 
+from airflow_deferrable_kit._http_client import (
+    NOT_JSON,
+    SESSION_KEY,
+    TOO_LARGE,
+    Response,
+    Target,
+    classify_aiohttp_error,
+    close_session,
+    is_transient_status,
+    open_session,
+    parse_retry_after,
+    resolve_target,
+    send,
+)
 from airflow_deferrable_kit.conditions import (
     MISSING,
     Acceptor,
@@ -35,7 +42,6 @@ from airflow_deferrable_kit.conditions import (
     run_predicate,
     validate_predicate_path,
 )
-from airflow_deferrable_kit.connections import get_connection, get_extra
 from airflow_deferrable_kit.payload import (
     ConditionFailed,
     FatalError,
@@ -45,16 +51,9 @@ from airflow_deferrable_kit.payload import (
 )
 from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
 
-if TYPE_CHECKING:
-    import aiohttp
-    from airflow.sdk import Connection
-    from yarl import URL
-
 #: Matchers an HTTP acceptor may use, and whether each takes an argument.
 MATCHERS: Final[Mapping[str, bool]] = {"status": False, "path": True}
 METHODS: Final = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
-#: Statuses that are worth retrying (besides every 5xx) when no acceptor decided.
-TRANSIENT_STATUSES: Final = frozenset({408, 429})
 
 DEFAULT_NOT_YET_CODES: Final = (404,)
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
@@ -64,345 +63,10 @@ DEFAULT_EXCERPT_CHARS: Final = 1000
 MAX_EXCERPT_CHARS: Final = 16_000
 #: A selected or observed value longer than this (as JSON) is cut to a marked string.
 MAX_VALUE_CHARS: Final = 1000
-#: A Retry-After above this is read as this, so a misbehaving server cannot park a wait for days.
-MAX_RETRY_AFTER: Final = 3600.0
-#: Bodies above this are parsed as JSON in a worker thread instead of on the event loop.
-THREAD_PARSE_BYTES: Final = 256 * 1024
-
-#: The one session every HTTP trigger in a triggerer process shares (leased, reference counted).
-SESSION_KEY: Final = ("aiohttp-session",)
-#: Sockets the shared session may open in total and towards one host: N waits never mean N sockets.
-SESSION_LIMIT: Final = 100
-SESSION_LIMIT_PER_HOST: Final = 20
-#: Seconds an idle keep-alive connection stays in the pool.
-KEEPALIVE_TIMEOUT: Final = 30.0
-USER_AGENT: Final = "airflow-deferrable-kit"
-
-#: Connection extra keys that configure the request; every other key is sent as a header.
-OPTION_KEYS: Final = frozenset({"bearer_token", "auth_type", "verify", "verify_ssl", "headers", "proxy", "proxies"})
-#: Keys the official HttpHook reads as requests options: ignored here rather than sent as headers.
-IGNORED_KEYS: Final = frozenset(
-    {"timeout", "allow_redirects", "stream", "cert", "max_redirects", "trust_env", "auth_kwargs"}
-)
-AUTH_TYPES: Final = {
-    "": "auto",
-    "auto": "auto",
-    "basic": "basic",
-    "bearer": "bearer",
-    "none": "none",
-    "requests.auth.HTTPBasicAuth": "basic",
-    "aiohttp.BasicAuth": "basic",
-}
-
-
-# ------------------------------------------------------------------------- shared session
-async def _import_aiohttp() -> Any:
-    """Import aiohttp in a worker thread: its import reads CA files and must not stall the loop."""
-    module = sys.modules.get("aiohttp")
-    if module is None:
-        module = await asyncio.to_thread(importlib.import_module, "aiohttp")
-    return module
-
-
-async def open_session() -> aiohttp.ClientSession:
-    """The process-wide session: pooled keep-alive connections, no cookies, no environment.
-
-    No cookie jar because the session is shared by triggers of unrelated connections; no
-    ``trust_env`` because that reads ``~/.netrc`` from disk on requests.
-    """
-    aiohttp = await _import_aiohttp()
-    connector = aiohttp.TCPConnector(
-        limit=SESSION_LIMIT,
-        limit_per_host=SESSION_LIMIT_PER_HOST,
-        keepalive_timeout=KEEPALIVE_TIMEOUT,
-        ttl_dns_cache=300,
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        trust_env=False,
-        raise_for_status=False,
-        headers={"User-Agent": USER_AGENT},
-    )
-
-
-async def close_session(session: aiohttp.ClientSession) -> None:
-    await session.close()
-
-
-# ------------------------------------------------------------------------- the target
-_ssl_contexts: dict[str, ssl.SSLContext] = {}
-
-
-async def _ssl_for(verify: Any) -> bool | ssl.SSLContext:
-    """``verify`` from the connection extra: true/false, or a CA bundle path (loaded off the loop)."""
-    if verify is None or verify is True:
-        return True
-    if verify is False:
-        return False
-    if isinstance(verify, str):
-        lowered = verify.strip().lower()
-        if lowered in ("true", "false"):
-            return lowered == "true"
-        context = _ssl_contexts.get(verify)
-        if context is None:
-            try:
-                context = await asyncio.to_thread(ssl.create_default_context, cafile=verify)
-            except (OSError, ssl.SSLError) as exc:
-                raise FatalError(
-                    f"connection extra 'verify' names CA bundle {verify!r}, which cannot be loaded: {exc}",
-                    error_type="connection_config",
-                ) from exc
-            _ssl_contexts[verify] = context
-        return context
-    raise FatalError(
-        f"connection extra 'verify' must be true, false or a CA bundle path, got {verify!r}",
-        error_type="connection_config",
-    )
-
-
-def _header_value(name: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (str, int, float)):
-        return str(value)
-    raise FatalError(
-        f"connection extra {name!r} is sent as a header and must be a string or number, got {type(value).__name__}",
-        error_type="connection_config",
-    )
-
-
-def connection_headers(extra: Mapping[str, Any], *, login: str | None, password: str | None) -> dict[str, str]:
-    """Headers a connection asks for: its extra headers and its ``Authorization``.
-
-    Rule: every extra key other than the option keys is a header, and an extra ``headers``
-    object contributes its entries too. Credentials from the connection (a bearer token, or
-    login/password as basic auth) replace any ``Authorization`` given in the extras.
-    """
-    headers: dict[str, str] = {}
-    nested = extra.get("headers")
-    if nested is not None:
-        if not isinstance(nested, Mapping):
-            raise FatalError(
-                f"connection extra 'headers' must be an object of header names to values, got {nested!r}",
-                error_type="connection_config",
-            )
-        for name, value in nested.items():
-            headers[str(name)] = _header_value(f"headers.{name}", value)
-    for name, value in extra.items():
-        if name in OPTION_KEYS or name in IGNORED_KEYS:
-            continue
-        headers[name] = _header_value(name, value)
-
-    raw_type = extra.get("auth_type") or ""
-    auth_type = AUTH_TYPES.get(str(raw_type))
-    if auth_type is None:
-        raise FatalError(
-            f"connection extra 'auth_type' {raw_type!r} is not supported; use basic, bearer or none",
-            error_type="connection_config",
-        )
-    token = extra.get("bearer_token")
-    if token is not None and (not isinstance(token, str) or not token):
-        raise FatalError("connection extra 'bearer_token' must be a non-empty string", error_type="connection_config")
-    authorization: str | None = None
-    if auth_type == "bearer" or (auth_type == "auto" and token):
-        token = token or password
-        if not token:
-            raise FatalError(
-                "auth_type 'bearer' needs a token: set extra 'bearer_token' or the connection password",
-                error_type="connection_config",
-            )
-        authorization = f"Bearer {token}"
-    elif auth_type in ("basic", "auto") and (login or (auth_type == "basic" and password)):
-        pair = f"{login or ''}:{password or ''}".encode()
-        authorization = "Basic " + base64.b64encode(pair).decode("ascii")
-    if authorization is not None:
-        for name in [n for n in headers if n.lower() == "authorization"]:
-            del headers[name]
-        headers["Authorization"] = authorization
-    return headers
-
-
-def base_url(conn: Connection) -> URL:
-    """The connection's base URL, without credentials.
-
-    ``host`` may carry the scheme (``https://api.example.com/v1``); otherwise ``schema`` is the
-    scheme (default ``http``). ``port`` is added when the host has none.
-    """
-    from yarl import URL
-
-    host = (conn.host or "").strip()
-    if not host:
-        raise FatalError("the HTTP connection has no host", error_type="connection_config")
-    if "://" not in host:
-        scheme = (conn.schema or "http").strip() or "http"
-        host = f"{scheme}://{host}"
-    try:
-        url = URL(host)
-    except ValueError as exc:
-        raise FatalError(f"the HTTP connection host is not a valid URL: {exc}", error_type="connection_config") from exc
-    if url.scheme not in ("http", "https") or not url.host:
-        raise FatalError(
-            f"the HTTP connection must give an http(s) host, got scheme {url.scheme!r}",
-            error_type="connection_config",
-        )
-    if conn.port and url.explicit_port is None:
-        url = url.with_port(int(conn.port))
-    return url.with_user(None)
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """Everything a request needs from the connection, resolved once per trigger in the triggerer."""
-
-    base: URL
-    headers: Mapping[str, str]
-    ssl: bool | ssl.SSLContext
-    proxy: str | None = None
-
-    def url(self, endpoint: str, query: Mapping[str, Any] | None) -> URL:
-        from yarl import URL
-
-        base = str(self.base)
-        if endpoint:
-            base = base.rstrip("/") + "/" + endpoint.lstrip("/")
-        url = URL(base)
-        if query:
-            url = url.extend_query(_query_items(query))
-        return url
-
-
-async def resolve_target(conn_id: str) -> Target:
-    """Read the connection asynchronously and turn it into a :class:`Target`."""
-    from yarl import URL
-
-    conn = await get_connection(conn_id, argument="http_conn_id")
-    extra = await get_extra(conn)
-    base = base_url(conn)
-    login, password = conn.login, conn.password
-    if not login and conn.host and "://" in conn.host:
-        # Credentials written into the host (https://user:pass@host) act as basic auth.
-        in_host = URL(conn.host.strip())
-        if in_host.user:
-            login, password = in_host.user, in_host.password if in_host.password is not None else password
-    headers = connection_headers(extra, login=login, password=password)
-    verify = extra.get("verify", extra.get("verify_ssl"))
-    return Target(base=base, headers=headers, ssl=await _ssl_for(verify), proxy=proxy_for(extra, base.scheme))
-
-
-def proxy_for(extra: Mapping[str, Any], scheme: str) -> str | None:
-    """The proxy URL from extra ``proxy`` (one URL) or ``proxies`` (``{"http": ..., "https": ...}``)."""
-    proxy = extra.get("proxy")
-    proxies = extra.get("proxies")
-    if proxy is None and proxies:
-        if not isinstance(proxies, Mapping):
-            raise FatalError(
-                "connection extra 'proxies' must be an object such as {'https': 'http://proxy:3128'}",
-                error_type="connection_config",
-            )
-        proxy = proxies.get(scheme)
-    if proxy in (None, ""):
-        return None
-    if not isinstance(proxy, str) or not proxy.startswith(("http://", "https://")):
-        raise FatalError("the connection's proxy must be an http:// or https:// URL", error_type="connection_config")
-    return proxy
-
-
-def _query_items(query: Mapping[str, Any]) -> list[tuple[str, str | int | float]]:
-    items: list[tuple[str, str | int | float]] = []
-    for name, value in query.items():
-        for item in value if isinstance(value, list) else [value]:
-            if item is None:
-                continue
-            if isinstance(item, bool):
-                items.append((name, "true" if item else "false"))
-            else:
-                items.append((name, item))
-    return items
-
-
-# ----------------------------------------------------------------------------- responses
-def parse_retry_after(value: str | None, *, now: float) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP-date), capped."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=dt.timezone.utc)
-        seconds = when.timestamp() - now
-    if seconds != seconds:  # NaN
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
 
 
 class _Unreadable(Exception):
     """A path acceptor needed the body as JSON and it is not (or it was too large to read)."""
-
-
-_NOT_JSON: Final = object()
-_TOO_LARGE: Final = object()
-
-
-@dataclasses.dataclass
-class Response:
-    """One HTTP response, read (capped) and released back to the pool."""
-
-    status: int
-    reason: str
-    headers: Mapping[str, str]
-    body: bytes
-    truncated: bool
-    charset: str | None
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    @functools.cached_property
-    def decoded(self) -> str:
-        """The body as text (charset from the response, else UTF-8; undecodable bytes replaced)."""
-        try:
-            return self.body.decode(self.charset or "utf-8", errors="replace")
-        except LookupError:
-            return self.body.decode("utf-8", errors="replace")
-
-    def excerpt(self, limit: int) -> str:
-        text = truncate_text(self.decoded, limit)
-        if self.truncated:
-            text += " [body larger than max_body_bytes; not read to the end]"
-        return text
-
-    async def document(self) -> Any:
-        """The body as JSON, or a sentinel saying why not (parsed off the loop when large)."""
-        if self.truncated:
-            return _TOO_LARGE
-        if not self.body.strip():
-            return _NOT_JSON
-        try:
-            if len(self.body) > THREAD_PARSE_BYTES:
-                return await asyncio.to_thread(json.loads, self.body)
-            return json.loads(self.body)
-        except (ValueError, UnicodeDecodeError):
-            return _NOT_JSON
-
-
-async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
-    """Read at most ``limit`` bytes of the body; say whether there was more."""
-    buf = bytearray()
-    while len(buf) <= limit:
-        chunk = await resp.content.read(limit + 1 - len(buf))
-        if not chunk:
-            break
-        buf += chunk
-    truncated = len(buf) > limit
-    return bytes(buf[:limit]), truncated
 
 
 def _cap_value(value: Any) -> Any:
@@ -528,31 +192,17 @@ class HttpBatchReadyTrigger(PollingTrigger):
         session = await self.lease(SESSION_KEY, open_session, close_session)
         if self._target is None:
             self._target = await resolve_target(self.http_conn_id)
-        aiohttp = sys.modules["aiohttp"]
         method = self.method.upper()
         url = self._target.url(self.endpoint, self.query)
-        options: dict[str, Any] = {}
-        if self.json_body is not None:
-            options["json"] = self.json_body
-        async with session.request(
+        response = await send(
+            session,
+            self._target,
             method,
             url,
-            headers=self._target.headers,
-            ssl=self._target.ssl,
-            proxy=self._target.proxy,
-            timeout=aiohttp.ClientTimeout(total=float(self.request_timeout)),
-            allow_redirects=False,
-            **options,
-        ) as resp:
-            body, truncated = await read_capped(resp, int(self.max_body_bytes))
-            response = Response(
-                status=resp.status,
-                reason=resp.reason or "",
-                headers=resp.headers.copy(),
-                body=body,
-                truncated=truncated,
-                charset=resp.charset,
-            )
+            json_body=self.json_body,
+            timeout=float(self.request_timeout),
+            max_body_bytes=int(self.max_body_bytes),
+        )
         return await self.evaluate(response, safe_url=str(url.with_user(None)), method=method)
 
     async def evaluate(self, response: Response, *, safe_url: str, method: str) -> Found | None:
@@ -565,12 +215,12 @@ class HttpBatchReadyTrigger(PollingTrigger):
         needs_document = evaluate_body and (
             self._select_paths or self.predicate or any(a.matcher == "path" for a in self._acceptors)
         )
-        document = await response.document() if needs_document else _NOT_JSON
+        document = await response.document() if needs_document else NOT_JSON
 
         def value_of(acceptor: Acceptor) -> Any:
             if acceptor.matcher == "status":
                 return status
-            if document is _NOT_JSON or document is _TOO_LARGE:
+            if document is NOT_JSON or document is TOO_LARGE:
                 raise _Unreadable
             return lookup(document, acceptor.argument or "")
 
@@ -601,7 +251,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
             self._last = None
             data = {**context, "decision": decided}
             if self._select_paths:
-                usable = document is not _NOT_JSON and document is not _TOO_LARGE
+                usable = document is not NOT_JSON and document is not TOO_LARGE
                 data["fields"] = {
                     path: _cap_value(lookup(document, parts)) if usable else None
                     for path, parts in self._select_paths.items()
@@ -644,7 +294,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         )
         details = {**context, "body_excerpt": excerpt}
         self._last = f"last response: {status} {response.reason}".rstrip()
-        if status in TRANSIENT_STATUSES or 500 <= status <= 599:
+        if is_transient_status(status):
             retry_after = parse_retry_after(response.headers.get("Retry-After"), now=self.clock.time())
             return TransientError(message, retry_after=retry_after, error_type=f"http_{status}", details=details)
         if 300 <= status <= 399:
@@ -657,7 +307,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
 
     def _unreadable(self, response: Response, document: Any, context: dict[str, Any]) -> FatalError:
         excerpt = response.excerpt(int(self.excerpt_chars))
-        if document is _TOO_LARGE:
+        if document is TOO_LARGE:
             reason = f"the body is larger than max_body_bytes={self.max_body_bytes}"
             error_type = "body_too_large"
         else:
@@ -677,7 +327,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
             "status_code": response.status,
             "headers": dict(response.headers),
             "text": response.decoded,
-            "json": None if document is _NOT_JSON or document is _TOO_LARGE else document,
+            "json": None if document is NOT_JSON or document is TOO_LARGE else document,
         }
         try:
             return await run_predicate(self.predicate, subject)
@@ -696,17 +346,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
     def classify_error(self, exc: Exception) -> WaitError:
         if isinstance(exc, WaitError):
             return exc
-        aiohttp = sys.modules.get("aiohttp")
-        if aiohttp is not None:
-            if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-                return FatalError(f"TLS certificate rejected: {exc}", error_type="tls_certificate")
-            if isinstance(exc, aiohttp.InvalidURL):
-                return FatalError(f"invalid URL: {exc}", error_type="invalid_url")
-            if isinstance(exc, aiohttp.ClientError):
-                error: WaitError = TransientError(f"{type(exc).__name__}: {exc}", error_type="network")
-                self._last = truncate_text(f"last error: {error.message}", 300)
-                return error
-        error = super().classify_error(exc)
+        error = classify_aiohttp_error(exc) or super().classify_error(exc)
         if isinstance(error, TransientError):
             self._last = truncate_text(f"last error: {error.message}", 300)
         return error

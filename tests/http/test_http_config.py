@@ -1,23 +1,13 @@
-"""HttpBatchReadyTrigger without a network: validation, round trip, connection rules, Retry-After."""
+"""HttpBatchReadyTrigger without a network: validation and round trip."""
 
 from __future__ import annotations
 
-import base64
-import email.utils
 import json
 from typing import Any
 
 import pytest
-from airflow.sdk import Connection
 
-from airflow_deferrable_kit.payload import FatalError
-from airflow_deferrable_kit.triggers.http import (
-    MAX_RETRY_AFTER,
-    HttpBatchReadyTrigger,
-    base_url,
-    connection_headers,
-    parse_retry_after,
-)
+from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
 
 READY = {"state": "success", "matcher": "path", "argument": "state", "comparator": "equals", "expected": "ready"}
 
@@ -101,104 +91,3 @@ def test_failure_only_acceptors_are_fine_with_a_predicate() -> None:
         predicate="tests.http.predicates:even_count_ready",
     )
     assert t.predicate == "tests.http.predicates:even_count_ready"
-
-
-# ------------------------------------------------------------------------ connections
-def conn(**fields: Any) -> Connection:
-    return Connection(conn_id="c", conn_type="http", **fields)
-
-
-@pytest.mark.parametrize(
-    ("fields", "expected"),
-    [
-        ({"host": "api.example.com"}, "http://api.example.com"),
-        ({"host": "api.example.com", "schema": "https"}, "https://api.example.com"),
-        ({"host": "api.example.com", "port": 8443, "schema": "https"}, "https://api.example.com:8443"),
-        ({"host": "https://api.example.com/v1/", "schema": "ignored"}, "https://api.example.com/v1/"),
-        ({"host": "https://api.example.com:9000/v1", "port": 1234}, "https://api.example.com:9000/v1"),
-        ({"host": "https://user:pw@api.example.com/v1"}, "https://api.example.com/v1"),
-    ],
-)
-def test_base_url_rules(fields: dict[str, Any], expected: str) -> None:
-    assert str(base_url(conn(**fields))) == expected
-
-
-@pytest.mark.parametrize(
-    ("fields", "message"),
-    [({}, "has no host"), ({"host": "ftp://files.example.com"}, "http\\(s\\) host")],
-)
-def test_base_url_errors_are_fatal_config_errors(fields: dict[str, Any], message: str) -> None:
-    with pytest.raises(FatalError, match=message) as info:
-        base_url(conn(**fields))
-    assert info.value.error_type == "connection_config"
-
-
-def basic(login: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{login}:{password}".encode()).decode()
-
-
-@pytest.mark.parametrize(
-    ("extra", "login", "password", "expected"),
-    [
-        ({}, None, None, {}),
-        ({}, "u", "p", {"Authorization": basic("u", "p")}),
-        ({"auth_type": "basic"}, None, "p", {"Authorization": basic("", "p")}),
-        ({"auth_type": "none"}, "u", "p", {}),
-        ({"auth_type": "requests.auth.HTTPBasicAuth"}, "u", "p", {"Authorization": basic("u", "p")}),
-        ({"bearer_token": "t"}, "u", "p", {"Authorization": "Bearer t"}),
-        ({"auth_type": "bearer"}, None, "pw-token", {"Authorization": "Bearer pw-token"}),
-        ({"authorization": "Token x"}, None, None, {"authorization": "Token x"}),
-        ({"authorization": "Token x"}, "u", "p", {"Authorization": basic("u", "p")}),
-        (
-            {"X-A": "1", "headers": {"X-B": 2, "X-C": True}, "verify": False, "timeout": 3, "proxies": {}},
-            None,
-            None,
-            {"X-A": "1", "X-B": "2", "X-C": "true"},
-        ),
-    ],
-)
-def test_connection_header_rules(
-    extra: dict[str, Any], login: str | None, password: str | None, expected: dict[str, str]
-) -> None:
-    assert connection_headers(extra, login=login, password=password) == expected
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"auth_type": "kerberos"}, "'auth_type' 'kerberos' is not supported"),
-        ({"auth_type": "bearer"}, "needs a token"),
-        ({"bearer_token": ""}, "bearer_token' must be a non-empty string"),
-        ({"headers": ["X-A"]}, "'headers' must be an object"),
-        ({"X-Nested": {"a": 1}}, "'X-Nested' is sent as a header"),
-    ],
-)
-def test_bad_connection_extras_are_fatal(extra: dict[str, Any], message: str) -> None:
-    with pytest.raises(FatalError, match=message) as info:
-        connection_headers(extra, login=None, password=None)
-    assert info.value.error_type == "connection_config"
-
-
-# ------------------------------------------------------------------------- Retry-After
-NOW = 1_700_000_000.0
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (None, None),
-        ("", None),
-        ("120", 120.0),
-        (" 0 ", 0.0),
-        ("1.5", 1.5),
-        ("-5", 0.0),
-        ("99999999", MAX_RETRY_AFTER),
-        (email.utils.formatdate(NOW + 90, usegmt=True), 90.0),
-        (email.utils.formatdate(NOW - 90, usegmt=True), 0.0),
-        ("Wed, 21 Oct 2015 07:28:00", 0.0),  # a date without zone is read as UTC (and is past)
-        ("soon", None),
-        ("nan", None),
-    ],
-)
-def test_parse_retry_after(value: str | None, expected: float | None) -> None:
-    assert parse_retry_after(value, now=NOW) == expected

@@ -19,12 +19,14 @@ import pytest
 from aiohttp import web
 
 import airflow_deferrable_kit.triggers.http as http_module
+from airflow_deferrable_kit import _http_client
+from airflow_deferrable_kit._http_client import SESSION_KEY, SESSION_LIMIT_PER_HOST
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.testing import FakeClock, run_trigger_payload, watch_blocking
 from airflow_deferrable_kit.triggers.base import MIN_RETRY_DELAY, deadline_after
-from airflow_deferrable_kit.triggers.http import SESSION_KEY, SESSION_LIMIT_PER_HOST, HttpBatchReadyTrigger
+from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
 from tests.http import predicates
 from tests.http.conftest import Seen, Server, reply, script
 
@@ -212,13 +214,13 @@ async def test_large_json_is_parsed_off_the_loop_and_big_values_are_capped(
         parsed_on.append((threading.current_thread().name, len(text)))
         return real_loads(text, *args, **kwargs)
 
-    monkeypatch.setattr(http_module.json, "loads", spy)
+    monkeypatch.setattr(_http_client.json, "loads", spy)
     payload = await run_trigger_payload(
         make(conn, acceptors=[acceptor("success", **READY)], select=["rows", "rows[-1]"])
     )
     monkeypatch.undo()
     assert payload["status"] == "success"
-    big_parses = [name for name, size in parsed_on if size > http_module.THREAD_PARSE_BYTES]
+    big_parses = [name for name, size in parsed_on if size > _http_client.THREAD_PARSE_BYTES]
     assert big_parses and threading.main_thread().name not in big_parses
     assert payload["fields"]["rows[-1]"] == 99_999
     assert isinstance(payload["fields"]["rows"], str) and "more characters" in payload["fields"]["rows"]
@@ -464,15 +466,6 @@ async def test_requests_go_through_the_connection_proxy(serve: Serve, connection
     _assert_secret_free(trigger, payload, TOKEN)
 
 
-def test_proxy_rules() -> None:
-    assert http_module.proxy_for({"proxy": "http://p:3128"}, "https") == "http://p:3128"
-    assert http_module.proxy_for({"proxies": {"https": "http://s:1", "http": "http://h:1"}}, "http") == "http://h:1"
-    assert http_module.proxy_for({"proxies": {"https": "http://s:1"}}, "http") is None
-    assert http_module.proxy_for({}, "http") is None
-    with pytest.raises(http_module.FatalError, match="proxy must be an http"):
-        http_module.proxy_for({"proxy": "socks5://p:1080"}, "http")
-
-
 # ---------------------------------------------------------------------------------- TLS
 async def test_tls_verification(serve: Serve, connection: Conn, tls: Any) -> None:
     server = serve(states("ready"), ssl_context=tls.server_context())
@@ -550,32 +543,6 @@ async def test_the_blocking_audit_catches_a_blocking_call(blocking_calls: Any) -
     with blocking_calls() as calls:
         import_predicate("tabnanny:check")
     assert any(event == "open" and "tabnanny" in args for event, args, _ in calls)
-
-
-def test_the_sensor_module_does_not_import_aiohttp_and_the_session_imports_it_off_the_loop() -> None:
-    code = """
-import asyncio, sys, threading
-import airflow_deferrable_kit.sensors.http
-import airflow_deferrable_kit.triggers.http as http
-assert "aiohttp" not in sys.modules, "importing the sensor imported aiohttp"
-imports = []
-def hook(event, args):
-    if event == "open" and "/aiohttp/" in str(args[0]):
-        imports.append(threading.get_ident())
-sys.addaudithook(hook)
-async def main():
-    session = await http.open_session()
-    await http.close_session(session)
-asyncio.run(main())
-assert imports and threading.get_ident() not in imports, imports
-print("ok")
-"""
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().endswith("ok")
 
 
 async def test_cancel_releases_the_shared_session(serve: Serve, connection: Conn) -> None:

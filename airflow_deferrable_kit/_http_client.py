@@ -1,0 +1,447 @@
+"""The aiohttp side of the HTTP wait: connection -> request settings, one shared session, responses, errors.
+
+* :func:`resolve_target` reads an Airflow ``http`` connection inside the triggerer and turns it
+  into a :class:`Target`: base URL, headers (extras and ``Authorization``), proxy and TLS. The
+  trigger kwargs carry only the connection id, never a credential.
+* :func:`open_session` builds the one pooled keep-alive ``ClientSession`` every HTTP trigger of a
+  process leases under :data:`SESSION_KEY` (see :mod:`airflow_deferrable_kit.clients`); a
+  connection's credentials are applied per request, so waits on unrelated connections share it.
+* :func:`send` makes one request and returns a :class:`Response`, read up to a byte cap and
+  released back to the pool before anything is evaluated.
+* :func:`classify_aiohttp_error` is the one place aiohttp's exceptions become our transient or
+  fatal errors; :func:`is_transient_status` says which HTTP statuses are worth retrying.
+
+aiohttp's public API is all this module uses (no private attribute is touched). ``aiohttp`` (and
+``yarl``, which ships with it) is imported lazily, and the first time off the event loop, so this
+module imports without the ``http`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import datetime as dt
+import email.utils
+import functools
+import importlib
+import json
+import ssl
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from airflow_deferrable_kit.connections import get_connection, get_extra
+from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError, truncate_text
+
+if TYPE_CHECKING:
+    import aiohttp
+    from airflow.sdk import Connection
+    from yarl import URL
+
+#: The one session every HTTP trigger in a triggerer process shares (leased, reference counted).
+SESSION_KEY: Final = ("aiohttp-session",)
+#: Sockets the shared session may open in total and towards one host: N waits never mean N sockets.
+SESSION_LIMIT: Final = 100
+SESSION_LIMIT_PER_HOST: Final = 20
+#: Seconds an idle keep-alive connection stays in the pool.
+KEEPALIVE_TIMEOUT: Final = 30.0
+USER_AGENT: Final = "airflow-deferrable-kit"
+
+#: Connection extra keys that configure the request; every other key is sent as a header.
+OPTION_KEYS: Final = frozenset({"bearer_token", "auth_type", "verify", "verify_ssl", "headers", "proxy", "proxies"})
+#: Keys the official HttpHook reads as requests options: ignored here rather than sent as headers.
+IGNORED_KEYS: Final = frozenset(
+    {"timeout", "allow_redirects", "stream", "cert", "max_redirects", "trust_env", "auth_kwargs"}
+)
+AUTH_TYPES: Final = {
+    "": "auto",
+    "auto": "auto",
+    "basic": "basic",
+    "bearer": "bearer",
+    "none": "none",
+    "requests.auth.HTTPBasicAuth": "basic",
+    "aiohttp.BasicAuth": "basic",
+}
+
+#: Statuses that are worth retrying (besides every 5xx) when no acceptor decided.
+TRANSIENT_STATUSES: Final = frozenset({408, 429})
+#: A Retry-After above this is read as this, so a misbehaving server cannot park a wait for days.
+MAX_RETRY_AFTER: Final = 3600.0
+#: Bodies above this are parsed as JSON in a worker thread instead of on the event loop.
+THREAD_PARSE_BYTES: Final = 256 * 1024
+
+
+# ------------------------------------------------------------------------- shared session
+async def _import_aiohttp() -> Any:
+    """Import aiohttp in a worker thread: its import reads CA files and must not stall the loop."""
+    module = sys.modules.get("aiohttp")
+    if module is None:
+        module = await asyncio.to_thread(importlib.import_module, "aiohttp")
+    return module
+
+
+async def open_session() -> aiohttp.ClientSession:
+    """The process-wide session: pooled keep-alive connections, no cookies, no environment.
+
+    No cookie jar because the session is shared by triggers of unrelated connections; no
+    ``trust_env`` because that reads ``~/.netrc`` from disk on requests.
+    """
+    aiohttp = await _import_aiohttp()
+    connector = aiohttp.TCPConnector(
+        limit=SESSION_LIMIT,
+        limit_per_host=SESSION_LIMIT_PER_HOST,
+        keepalive_timeout=KEEPALIVE_TIMEOUT,
+        ttl_dns_cache=300,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        raise_for_status=False,
+        headers={"User-Agent": USER_AGENT},
+    )
+
+
+async def close_session(session: aiohttp.ClientSession) -> None:
+    await session.close()
+
+
+# ------------------------------------------------------------------------- the target
+_ssl_contexts: dict[str, ssl.SSLContext] = {}
+
+
+async def _ssl_for(verify: Any) -> bool | ssl.SSLContext:
+    """``verify`` from the connection extra: true/false, or a CA bundle path (loaded off the loop)."""
+    if verify is None or verify is True:
+        return True
+    if verify is False:
+        return False
+    if isinstance(verify, str):
+        lowered = verify.strip().lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        context = _ssl_contexts.get(verify)
+        if context is None:
+            try:
+                context = await asyncio.to_thread(ssl.create_default_context, cafile=verify)
+            except (OSError, ssl.SSLError) as exc:
+                raise FatalError(
+                    f"connection extra 'verify' names CA bundle {verify!r}, which cannot be loaded: {exc}",
+                    error_type="connection_config",
+                ) from exc
+            _ssl_contexts[verify] = context
+        return context
+    raise FatalError(
+        f"connection extra 'verify' must be true, false or a CA bundle path, got {verify!r}",
+        error_type="connection_config",
+    )
+
+
+def _header_value(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise FatalError(
+        f"connection extra {name!r} is sent as a header and must be a string or number, got {type(value).__name__}",
+        error_type="connection_config",
+    )
+
+
+def connection_headers(extra: Mapping[str, Any], *, login: str | None, password: str | None) -> dict[str, str]:
+    """Headers a connection asks for: its extra headers and its ``Authorization``.
+
+    Rule: every extra key other than the option keys is a header, and an extra ``headers``
+    object contributes its entries too. Credentials from the connection (a bearer token, or
+    login/password as basic auth) replace any ``Authorization`` given in the extras.
+    """
+    headers: dict[str, str] = {}
+    nested = extra.get("headers")
+    if nested is not None:
+        if not isinstance(nested, Mapping):
+            raise FatalError(
+                f"connection extra 'headers' must be an object of header names to values, got {nested!r}",
+                error_type="connection_config",
+            )
+        for name, value in nested.items():
+            headers[str(name)] = _header_value(f"headers.{name}", value)
+    for name, value in extra.items():
+        if name in OPTION_KEYS or name in IGNORED_KEYS:
+            continue
+        headers[name] = _header_value(name, value)
+
+    raw_type = extra.get("auth_type") or ""
+    auth_type = AUTH_TYPES.get(str(raw_type))
+    if auth_type is None:
+        raise FatalError(
+            f"connection extra 'auth_type' {raw_type!r} is not supported; use basic, bearer or none",
+            error_type="connection_config",
+        )
+    token = extra.get("bearer_token")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise FatalError("connection extra 'bearer_token' must be a non-empty string", error_type="connection_config")
+    authorization: str | None = None
+    if auth_type == "bearer" or (auth_type == "auto" and token):
+        token = token or password
+        if not token:
+            raise FatalError(
+                "auth_type 'bearer' needs a token: set extra 'bearer_token' or the connection password",
+                error_type="connection_config",
+            )
+        authorization = f"Bearer {token}"
+    elif auth_type in ("basic", "auto") and (login or (auth_type == "basic" and password)):
+        pair = f"{login or ''}:{password or ''}".encode()
+        authorization = "Basic " + base64.b64encode(pair).decode("ascii")
+    if authorization is not None:
+        for name in [n for n in headers if n.lower() == "authorization"]:
+            del headers[name]
+        headers["Authorization"] = authorization
+    return headers
+
+
+def base_url(conn: Connection) -> URL:
+    """The connection's base URL, without credentials.
+
+    ``host`` may carry the scheme (``https://api.example.com/v1``); otherwise ``schema`` is the
+    scheme (default ``http``). ``port`` is added when the host has none.
+    """
+    from yarl import URL
+
+    host = (conn.host or "").strip()
+    if not host:
+        raise FatalError("the HTTP connection has no host", error_type="connection_config")
+    if "://" not in host:
+        scheme = (conn.schema or "http").strip() or "http"
+        host = f"{scheme}://{host}"
+    try:
+        url = URL(host)
+    except ValueError as exc:
+        raise FatalError(f"the HTTP connection host is not a valid URL: {exc}", error_type="connection_config") from exc
+    if url.scheme not in ("http", "https") or not url.host:
+        raise FatalError(
+            f"the HTTP connection must give an http(s) host, got scheme {url.scheme!r}",
+            error_type="connection_config",
+        )
+    if conn.port and url.explicit_port is None:
+        url = url.with_port(int(conn.port))
+    return url.with_user(None)
+
+
+def proxy_for(extra: Mapping[str, Any], scheme: str) -> str | None:
+    """The proxy URL from extra ``proxy`` (one URL) or ``proxies`` (``{"http": ..., "https": ...}``)."""
+    proxy = extra.get("proxy")
+    proxies = extra.get("proxies")
+    if proxy is None and proxies:
+        if not isinstance(proxies, Mapping):
+            raise FatalError(
+                "connection extra 'proxies' must be an object such as {'https': 'http://proxy:3128'}",
+                error_type="connection_config",
+            )
+        proxy = proxies.get(scheme)
+    if proxy in (None, ""):
+        return None
+    if not isinstance(proxy, str) or not proxy.startswith(("http://", "https://")):
+        raise FatalError("the connection's proxy must be an http:// or https:// URL", error_type="connection_config")
+    return proxy
+
+
+def _query_items(query: Mapping[str, Any]) -> list[tuple[str, str | int | float]]:
+    items: list[tuple[str, str | int | float]] = []
+    for name, value in query.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item is None:
+                continue
+            if isinstance(item, bool):
+                items.append((name, "true" if item else "false"))
+            else:
+                items.append((name, item))
+    return items
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Everything a request needs from the connection, resolved once per trigger in the triggerer."""
+
+    base: URL
+    headers: Mapping[str, str]
+    ssl: bool | ssl.SSLContext
+    proxy: str | None = None
+
+    def url(self, endpoint: str, query: Mapping[str, Any] | None) -> URL:
+        from yarl import URL
+
+        base = str(self.base)
+        if endpoint:
+            base = base.rstrip("/") + "/" + endpoint.lstrip("/")
+        url = URL(base)
+        if query:
+            url = url.extend_query(_query_items(query))
+        return url
+
+
+async def resolve_target(conn_id: str) -> Target:
+    """Read the connection asynchronously and turn it into a :class:`Target`."""
+    from yarl import URL
+
+    conn = await get_connection(conn_id, argument="http_conn_id")
+    extra = await get_extra(conn)
+    base = base_url(conn)
+    login, password = conn.login, conn.password
+    if not login and conn.host and "://" in conn.host:
+        # Credentials written into the host (https://user:pass@host) act as basic auth.
+        in_host = URL(conn.host.strip())
+        if in_host.user:
+            login, password = in_host.user, in_host.password if in_host.password is not None else password
+    headers = connection_headers(extra, login=login, password=password)
+    verify = extra.get("verify", extra.get("verify_ssl"))
+    return Target(base=base, headers=headers, ssl=await _ssl_for(verify), proxy=proxy_for(extra, base.scheme))
+
+
+# ------------------------------------------------------------------- requests and responses
+#: What :meth:`Response.document` returns instead of a JSON value, and why.
+NOT_JSON: Final = object()
+TOO_LARGE: Final = object()
+
+
+@dataclasses.dataclass
+class Response:
+    """One HTTP response, read (capped) and released back to the pool."""
+
+    status: int
+    reason: str
+    headers: Mapping[str, str]
+    body: bytes
+    truncated: bool
+    charset: str | None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @functools.cached_property
+    def decoded(self) -> str:
+        """The body as text (charset from the response, else UTF-8; undecodable bytes replaced)."""
+        try:
+            return self.body.decode(self.charset or "utf-8", errors="replace")
+        except LookupError:
+            return self.body.decode("utf-8", errors="replace")
+
+    def excerpt(self, limit: int) -> str:
+        text = truncate_text(self.decoded, limit)
+        if self.truncated:
+            text += " [body larger than max_body_bytes; not read to the end]"
+        return text
+
+    async def document(self) -> Any:
+        """The body as JSON, or a sentinel saying why not (parsed off the loop when large)."""
+        if self.truncated:
+            return TOO_LARGE
+        if not self.body.strip():
+            return NOT_JSON
+        try:
+            if len(self.body) > THREAD_PARSE_BYTES:
+                return await asyncio.to_thread(json.loads, self.body)
+            return json.loads(self.body)
+        except (ValueError, UnicodeDecodeError):
+            return NOT_JSON
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """Read at most ``limit`` bytes of the body; say whether there was more."""
+    buf = bytearray()
+    while len(buf) <= limit:
+        chunk = await resp.content.read(limit + 1 - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    truncated = len(buf) > limit
+    return bytes(buf[:limit]), truncated
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    target: Target,
+    method: str,
+    url: URL,
+    *,
+    json_body: Any,
+    timeout: float,
+    max_body_bytes: int,
+) -> Response:
+    """One request with the connection's headers, TLS and proxy; redirects are never followed.
+
+    Not following redirects keeps the connection's ``Authorization`` at the origin it names.
+    ``timeout`` covers the whole request, including the wait for a pooled socket.
+    """
+    aiohttp = sys.modules["aiohttp"]  # imported off the loop by open_session, which made `session`
+    options: dict[str, Any] = {}
+    if json_body is not None:
+        options["json"] = json_body
+    async with session.request(
+        method,
+        url,
+        headers=target.headers,
+        ssl=target.ssl,
+        proxy=target.proxy,
+        timeout=aiohttp.ClientTimeout(total=timeout),
+        allow_redirects=False,
+        **options,
+    ) as resp:
+        body, truncated = await read_capped(resp, max_body_bytes)
+        return Response(
+            status=resp.status,
+            reason=resp.reason or "",
+            headers=resp.headers.copy(),
+            body=body,
+            truncated=truncated,
+            charset=resp.charset,
+        )
+
+
+def parse_retry_after(value: str | None, *, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP-date), capped."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        seconds = when.timestamp() - now
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+# ---------------------------------------------------------------------------------- errors
+def is_transient_status(status: int) -> bool:
+    """Whether an error status is worth retrying: 408, 429 and every 5xx; any other is fatal."""
+    return status in TRANSIENT_STATUSES or 500 <= status <= 599
+
+
+def classify_aiohttp_error(exc: BaseException) -> WaitError | None:
+    """Our error for an aiohttp exception, or ``None`` when ``exc`` is not one.
+
+    A rejected certificate and an invalid URL are fatal: asking again cannot fix them. Every
+    other ``aiohttp.ClientError`` (refused or reset connections, DNS failures, TLS handshakes
+    cut short, broken payloads, aiohttp's own connect and read timeouts) is transient. Socket,
+    ``ssl`` and timeout errors that reach us unwrapped (``OSError``, ``TimeoutError``, e.g. the
+    request's total timeout) are left to :meth:`PollingTrigger.classify_error`, which calls
+    them transient network errors the same way for every wait.
+    """
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is None:  # never imported, so no exception can be one of its own
+        return None
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return FatalError(f"TLS certificate rejected: {exc}", error_type="tls_certificate")
+    if isinstance(exc, aiohttp.InvalidURL):
+        return FatalError(f"invalid URL: {exc}", error_type="invalid_url")
+    if isinstance(exc, aiohttp.ClientError):
+        return TransientError(f"{type(exc).__name__}: {exc}", error_type="network")
+    return None

@@ -1,0 +1,168 @@
+"""How many worker-slot hours an Airflow 3 deployment spends waiting, read from its metadata DB.
+
+``airflow-deferrable-kit audit`` (see :mod:`airflow_deferrable_kit.cli` and ``docs/audit.md``)
+runs :func:`run_audit`. It has three jobs, each in its own module:
+
+* :mod:`~airflow_deferrable_kit.audit._metadata` reads the metadata DB, read-only, with
+  SQLAlchemy Core (no Airflow models, so any Airflow 3.x schema and no Airflow import needed);
+* :mod:`~airflow_deferrable_kit.audit._measure` turns one try's state changes into
+  worker-held and waited seconds (the module says where those numbers come from);
+* :mod:`~airflow_deferrable_kit.audit._report` sums tries into rows, ranks the sensors worth
+  migrating and renders the table, CSV or JSON.
+
+Every name the command, the docs and the benchmarks use is importable from here. Nothing in
+this package is imported by triggers or sensors.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
+from airflow_deferrable_kit.audit._measure import (
+    CLOCK_SKEW_ALLOWANCE,
+    WORKER_START,
+    WORKER_STOP,
+    Event,
+    Try,
+    Usage,
+    is_sensor,
+    measure,
+    worker_intervals,
+)
+from airflow_deferrable_kit.audit._metadata import (
+    FINISHED,
+    LOG,
+    NEVER_RAN,
+    RESCHEDULE,
+    SQL_ALCHEMY_CONN_ENV,
+    TI,
+    TIH,
+    UTC,
+    all_dag_ids,
+    check_schema,
+    dag_tries,
+    events_query,
+    mask,
+    metadata_connection,
+    open_engine,
+    resolve_url,
+    tries_query,
+)
+from airflow_deferrable_kit.audit._report import (
+    EQUIVALENTS,
+    GROUP_BY,
+    GROUP_KEYS,
+    MODES,
+    Equivalent,
+    Report,
+    Row,
+    Tasks,
+    Totals,
+    account,
+    build_report,
+    kit_equivalent,
+)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a long audit is: DAGs done out of all, tries read so far."""
+
+    dags_done: int
+    dags_total: int
+    tries: int
+
+
+def validate(*, days: float, price: float, check_seconds: float, group_by: str) -> None:
+    """Reject unusable arguments with the option name a user typed."""
+    if not isinstance(days, (int, float)) or not math.isfinite(days) or days <= 0:
+        raise AuditUsageError("--days", f"must be a positive number of days, got {days!r}")
+    if not isinstance(price, (int, float)) or not math.isfinite(price) or price < 0:
+        raise AuditUsageError("--price-per-slot-hour", f"must be a non-negative number, got {price!r}")
+    if not isinstance(check_seconds, (int, float)) or not math.isfinite(check_seconds) or check_seconds < 0:
+        raise AuditUsageError("--check-seconds", f"must be a non-negative number of seconds, got {check_seconds!r}")
+    if group_by not in GROUP_BY:
+        raise AuditUsageError("--by", f"must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
+
+
+def run_audit(
+    url: str | None = None,
+    *,
+    days: float = 7,
+    price: float = 1.0,
+    group_by: str = "task",
+    check_seconds: float = 5.0,
+    dag_ids: Sequence[str] | None = None,
+    now: dt.datetime | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    progress_every: int = 5000,
+) -> Report:
+    """Audit the tries that ended in the last ``days`` before ``now``, DAG by DAG.
+
+    One DAG at a time keeps memory bounded by the largest DAG's window, and every query uses
+    an index prefix on ``dag_id``.
+    """
+    validate(days=days, price=price, check_seconds=check_seconds, group_by=group_by)
+    resolved = resolve_url(url)
+    until = (now or dt.datetime.now(UTC)).astimezone(UTC)
+    since = until - dt.timedelta(days=days)
+    tasks: Tasks = {}
+    tries = 0
+    with metadata_connection(resolved) as connection:
+        dags = list(dag_ids) if dag_ids else all_dag_ids(connection)
+        for done, dag_id in enumerate(dags):
+            for attempt, events in dag_tries(connection, dag_id, since, until):
+                tries += 1
+                if progress is not None and tries % progress_every == 0:
+                    progress(Progress(done, len(dags), tries))
+                usage = measure(attempt, events)
+                if usage is not None:
+                    account(tasks, attempt, usage, check_seconds)
+            if progress is not None:
+                progress(Progress(done + 1, len(dags), tries))
+    return build_report(tasks, mask(resolved), since, until, days, price, check_seconds, group_by)
+
+
+__all__ = [
+    "CLOCK_SKEW_ALLOWANCE",
+    "EQUIVALENTS",
+    "FINISHED",
+    "GROUP_BY",
+    "GROUP_KEYS",
+    "LOG",
+    "MODES",
+    "NEVER_RAN",
+    "RESCHEDULE",
+    "SQL_ALCHEMY_CONN_ENV",
+    "TI",
+    "TIH",
+    "UTC",
+    "WORKER_START",
+    "WORKER_STOP",
+    "AuditError",
+    "AuditUsageError",
+    "Equivalent",
+    "Event",
+    "Progress",
+    "Report",
+    "Row",
+    "Totals",
+    "Try",
+    "Usage",
+    "check_schema",
+    "events_query",
+    "is_sensor",
+    "kit_equivalent",
+    "mask",
+    "measure",
+    "open_engine",
+    "resolve_url",
+    "run_audit",
+    "tries_query",
+    "validate",
+    "worker_intervals",
+]

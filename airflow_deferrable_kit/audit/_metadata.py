@@ -1,0 +1,311 @@
+"""Reading the Airflow metadata DB: read-only engines, the tables the audit needs, one DAG at a time.
+
+The database is read with SQLAlchemy Core, never through Airflow's models, so the audit works
+across Airflow 3.x schema versions and does not need Airflow importable at all when a URL is
+given. Every session is read-only (SQLite opened ``mode=ro`` and ``query_only``; PostgreSQL and
+MySQL in read-only transactions), and every query uses an index prefix on ``dag_id``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.types import TypeDecorator
+
+from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
+from airflow_deferrable_kit.audit._measure import WORKER_START, WORKER_STOP, Event, Try
+
+UTC = dt.timezone.utc
+
+#: Current tries in these states are over; others (running, deferred, up_for_reschedule, ...)
+#: are still in progress and left out. Archived tries (``task_instance_history``) are all over.
+FINISHED = ("success", "failed", "skipped", "up_for_retry")
+#: Tries in these states never ran on a worker.
+NEVER_RAN = ("upstream_failed", "removed")
+SQL_ALCHEMY_CONN_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+
+
+# ----------------------------------------------------------------- the metadata schema
+class _UtcDateTime(TypeDecorator[dt.datetime]):
+    """Airflow's ``UtcDateTime`` without importing Airflow: UTC in, aware UTC out.
+
+    SQLite and MySQL columns hold naive UTC (SQLite as text); PostgreSQL holds timestamptz.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+        return value.replace(tzinfo=None) if dialect.name in ("sqlite", "mysql") else value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+_md = sa.MetaData()
+
+
+def _try_columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("dag_id", sa.String),
+        sa.Column("task_id", sa.String),
+        sa.Column("run_id", sa.String),
+        sa.Column("map_index", sa.Integer),
+        sa.Column("try_number", sa.Integer),
+        sa.Column("state", sa.String),
+        sa.Column("operator", sa.String),
+        sa.Column("custom_operator_name", sa.String),
+        sa.Column("start_date", _UtcDateTime()),
+        sa.Column("end_date", _UtcDateTime()),
+        sa.Column("queued_dttm", _UtcDateTime()),
+    ]
+
+
+# Only the columns the audit reads; every one exists throughout Airflow 3.x.
+TI = sa.Table("task_instance", _md, sa.Column("id", sa.String), *_try_columns())
+TIH = sa.Table("task_instance_history", _md, *_try_columns())
+RESCHEDULE = sa.Table(
+    "task_reschedule",
+    _md,
+    sa.Column("id", sa.Integer),
+    sa.Column("ti_id", sa.String),
+    sa.Column("end_date", _UtcDateTime()),
+)
+LOG = sa.Table(
+    "log",
+    _md,
+    sa.Column("id", sa.Integer),
+    sa.Column("dttm", _UtcDateTime()),
+    sa.Column("dag_id", sa.String),
+    sa.Column("task_id", sa.String),
+    sa.Column("run_id", sa.String),
+    sa.Column("map_index", sa.Integer),
+    sa.Column("try_number", sa.Integer),
+    sa.Column("event", sa.String),
+)
+_TRY_KEY = ("task_id", "run_id", "map_index", "try_number")
+
+
+def _same_try(a: sa.Table, b: sa.Table) -> sa.ColumnElement[bool]:
+    return sa.and_(a.c.dag_id == b.c.dag_id, *(a.c[name] == b.c[name] for name in _TRY_KEY))
+
+
+def _in_window(table: sa.Table, dag_id: str, since: dt.datetime, until: dt.datetime) -> list[sa.ColumnElement[bool]]:
+    conditions = [table.c.dag_id == dag_id, table.c.end_date >= since, table.c.end_date < until]
+    if table is TI:
+        conditions.append(TI.c.state.in_(FINISHED))
+    else:
+        # An archived try whose number is also the current try's (a retry not yet re-queued) is
+        # counted once, from task_instance.
+        conditions += [
+            sa.or_(TIH.c.state.is_(None), TIH.c.state.not_in(NEVER_RAN)),
+            ~sa.exists().where(_same_try(TI, TIH)),
+        ]
+    return conditions
+
+
+def tries_query(dag_id: str, since: dt.datetime, until: dt.datetime) -> sa.CompoundSelect[Any]:
+    """Every try of ``dag_id`` that ended in the window: current tries and archived ones."""
+    reschedules = sa.select(sa.func.count()).where(RESCHEDULE.c.ti_id == TI.c.id).scalar_subquery()
+    first_reschedule = sa.select(sa.func.min(RESCHEDULE.c.end_date)).where(RESCHEDULE.c.ti_id == TI.c.id)
+    current = sa.select(
+        *(TI.c[c.name] for c in TIH.columns),
+        reschedules.label("reschedules"),
+        first_reschedule.scalar_subquery().label("first_reschedule_end"),
+    ).where(*_in_window(TI, dag_id, since, until))
+    # task_reschedule rows of earlier tries are deleted when a task is retried.
+    archived = sa.select(
+        *TIH.columns,
+        sa.literal(0, sa.Integer).label("reschedules"),
+        sa.null().label("first_reschedule_end"),
+    ).where(*_in_window(TIH, dag_id, since, until))
+    return sa.union_all(current, archived)
+
+
+def events_query(dag_id: str, since: dt.datetime, until: dt.datetime) -> sa.CompoundSelect[Any]:
+    """The worker start/stop ``log`` rows of those same tries (index ``idx_log_task_instance``)."""
+    parts = []
+    for table in (TI, TIH):
+        parts.append(
+            sa.select(*(LOG.c[name] for name in _TRY_KEY), LOG.c.event, LOG.c.dttm, LOG.c.id)
+            .select_from(LOG.join(table, _same_try(LOG, table)))
+            .where(*_in_window(table, dag_id, since, until), LOG.c.event.in_((WORKER_START, *WORKER_STOP)))
+        )
+    return sa.union_all(*parts)
+
+
+# ---------------------------------------------------------------------- the database
+def mask(url: str | URL) -> str:
+    """The URL with its password hidden, for messages and reports."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable URL>"
+
+
+def resolve_url(url: str | None) -> str:
+    """The URL given, else Airflow's ``[database] sql_alchemy_conn``.
+
+    The environment variable is read directly (fast); otherwise Airflow's configuration is
+    loaded, which honours ``airflow.cfg``, ``_cmd`` and ``_secret`` variants.
+    """
+    if url:
+        return url
+    if os.environ.get(SQL_ALCHEMY_CONN_ENV):
+        return os.environ[SQL_ALCHEMY_CONN_ENV]
+    try:
+        from airflow.configuration import conf
+
+        configured = conf.get("database", "sql_alchemy_conn")
+    except Exception as exc:
+        raise AuditError(
+            f"could not read [database] sql_alchemy_conn from Airflow's configuration ({exc}); "
+            "pass --sql-alchemy-conn URL"
+        ) from exc
+    if not configured:
+        raise AuditError("Airflow's [database] sql_alchemy_conn is empty; pass --sql-alchemy-conn URL")
+    return str(configured)
+
+
+def open_engine(url: str) -> Engine:
+    """A read-only engine on the metadata DB: SQLite opened ``mode=ro`` and ``query_only``,
+    PostgreSQL and MySQL sessions set to read-only transactions."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:
+        raise AuditUsageError("--sql-alchemy-conn", f"not a database URL: {url!r}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed)
+    try:
+        engine = sa.create_engine(parsed)
+    except sa.exc.NoSuchModuleError as exc:
+        raise AuditUsageError(
+            "--sql-alchemy-conn",
+            f"unknown database URL scheme {parsed.drivername!r} in {mask(parsed)}; "
+            "expected sqlite:///PATH, postgresql://... or mysql://...",
+        ) from exc
+    except ImportError as exc:
+        raise AuditError(f"the database driver for {parsed.drivername!r} is not installed: {exc}") from exc
+    statement = {
+        "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+        "mysql": "SET SESSION TRANSACTION READ ONLY",
+    }.get(backend)
+
+    if statement is not None:
+
+        @sa.event.listens_for(engine, "connect")
+        def _read_only(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(statement)
+            cursor.close()
+            dbapi_connection.commit()  # a SET inside a transaction that rolls back would not stick
+
+    return engine
+
+
+def _sqlite_engine(parsed: URL) -> Engine:
+    if not parsed.database or parsed.database == ":memory:":
+        raise AuditUsageError("--sql-alchemy-conn", "an in-memory SQLite database has no Airflow metadata")
+    path = Path(parsed.database).expanduser().resolve()
+    if not path.is_file():
+        raise AuditUsageError("--sql-alchemy-conn", f"no SQLite database at {path}")
+    uri = f"{path.as_uri()}?mode=ro"
+
+    def connect() -> sqlite3.Connection:
+        connection = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        connection.execute("PRAGMA query_only = ON")
+        return connection
+
+    return sa.create_engine("sqlite+pysqlite://", creator=connect, poolclass=sa.pool.NullPool)
+
+
+_REQUIRED = {
+    TI.name: {column.name for column in TI.columns},
+    TIH.name: {column.name for column in TIH.columns},
+    RESCHEDULE.name: {column.name for column in RESCHEDULE.columns},
+    LOG.name: {column.name for column in LOG.columns},
+}
+
+
+def check_schema(connection: sa.Connection, database: str) -> None:
+    """Fail clearly unless this is an Airflow 3 metadata DB (``task_instance.id``,
+    ``task_reschedule.ti_id`` and ``task_instance_history`` all arrived with 3.0)."""
+    inspector = sa.inspect(connection)
+    tables = set(inspector.get_table_names())
+    for table, needed in _REQUIRED.items():
+        if table not in tables:
+            raise AuditError(f"{database} is not an Airflow 3 metadata database: it has no {table} table")
+        missing = needed - {column["name"] for column in inspector.get_columns(table)}
+        if missing:
+            raise AuditError(
+                f"{database} is not an Airflow 3 metadata database: {table} lacks {', '.join(sorted(missing))}"
+            )
+
+
+@contextlib.contextmanager
+def metadata_connection(url: str) -> Iterator[sa.Connection]:
+    """A read-only connection on an Airflow 3 metadata DB; database errors become :class:`AuditError`."""
+    database = mask(url)
+    engine = open_engine(url)
+    try:
+        try:
+            connection = engine.connect()
+        except sa.exc.DBAPIError as exc:
+            raise AuditError(f"could not connect to {database}: {exc.orig}") from exc
+        with connection:
+            check_schema(connection, database)
+            yield connection
+    except sa.exc.DBAPIError as exc:
+        raise AuditError(f"reading {database} failed: {exc.orig}") from exc
+    finally:
+        engine.dispose()
+
+
+def all_dag_ids(connection: sa.Connection) -> list[str]:
+    """Every DAG with a task instance, in order."""
+    return sorted(connection.scalars(sa.select(TI.c.dag_id).distinct()))
+
+
+def dag_tries(
+    connection: sa.Connection, dag_id: str, since: dt.datetime, until: dt.datetime
+) -> Iterable[tuple[Try, list[Event]]]:
+    """Each try of ``dag_id`` that ended in the window, with its worker start/stop events in order."""
+    by_try: dict[tuple[str, str, int, int], list[tuple[dt.datetime, int, str]]] = {}
+    for row in connection.execute(events_query(dag_id, since, until)):
+        if row.dttm is not None:
+            key = (row.task_id, row.run_id, row.map_index, row.try_number)
+            by_try.setdefault(key, []).append((row.dttm, row.id, row.event))
+    for row in connection.execute(tries_query(dag_id, since, until)):
+        attempt = Try(
+            dag_id=row.dag_id,
+            task_id=row.task_id,
+            run_id=row.run_id,
+            map_index=row.map_index,
+            try_number=row.try_number,
+            state=row.state,
+            operator=row.operator,
+            custom_operator_name=row.custom_operator_name,
+            start=row.start_date,
+            end=row.end_date,
+            queued=row.queued_dttm,
+            reschedules=row.reschedules or 0,
+            first_reschedule_end=row.first_reschedule_end,
+        )
+        rows = sorted(by_try.pop((row.task_id, row.run_id, row.map_index, row.try_number), []))
+        yield attempt, [Event(name, at) for at, _, name in rows]

@@ -1,0 +1,378 @@
+"""Reporting: tries summed into rows (task, DAG or operator), sensors ranked, text rendered.
+
+The ranking is the point of the audit: sensors whose tries held a worker slot while only
+waiting (poke or reschedule mode), most idle worker-held time first, each with the kit sensor
+that moves its wait to the triggerer. Rows render as a fixed-width table, CSV or JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import re
+from collections.abc import Container
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_deferrable_kit.audit._measure import Try, Usage
+
+UTC = dt.timezone.utc
+
+MODES = ("poke", "reschedule", "deferred", "worker")
+GROUP_BY = ("task", "dag", "operator")
+GROUP_KEYS: dict[str, tuple[str, ...]] = {
+    "task": ("dag_id", "task_id", "operator"),
+    "dag": ("dag_id",),
+    "operator": ("operator",),
+}
+
+
+# --------------------------------------------------------------------- kit equivalents
+@dataclass(frozen=True)
+class Equivalent:
+    """The sensor of this kit that can replace a given operator, and what to watch for."""
+
+    sensor: str
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.sensor.rsplit(".", 1)[-1]
+
+
+_KIT = "airflow_deferrable_kit.sensors."
+_DATETIME = Equivalent(_KIT + "temporal.DateTimeSensor")
+_S3 = Equivalent(_KIT + "s3.S3KeySensor")
+_HTTP = Equivalent(_KIT + "http.HttpBatchReadySensor", "a response_check becomes success=/failure= acceptors")
+_POSTGRES = Equivalent(_KIT + "postgres.PostgresBatchMarkerSensor", "PostgreSQL databases only")
+_KAFKA = Equivalent(_KIT + "kafka.KafkaMessageSensor")
+
+#: Operator class names (``task_instance.operator``) with an equivalent in this kit. The
+#: metadata DB records class names, not modules: the official sensor and ours of the same name
+#: look alike, and the advice (``deferrable=True``) is the same for both.
+EQUIVALENTS: dict[str, Equivalent] = {
+    "DateTimeSensor": _DATETIME,
+    "DateTimeSensorAsync": _DATETIME,
+    "TimeSensor": Equivalent(_DATETIME.sensor, "give target_time as a templated datetime"),
+    "TimeSensorAsync": Equivalent(_DATETIME.sensor, "give target_time as a templated datetime"),
+    "S3KeySensor": _S3,
+    "S3KeySensorAsync": _S3,
+    "HttpSensor": _HTTP,
+    "HttpSensorAsync": _HTTP,
+    "HttpBatchReadySensor": _HTTP,
+    "SqlSensor": _POSTGRES,
+    "PostgresBatchMarkerSensor": _POSTGRES,
+    "AwaitMessageSensor": _KAFKA,
+    "AwaitMessageTriggerFunctionSensor": _KAFKA,
+    "KafkaMessageSensor": _KAFKA,
+}
+_SQL_SENSOR = re.compile(r"(sql|postgres)\w*sensor(async)?$", re.IGNORECASE)
+
+
+def kit_equivalent(*names: str | None) -> Equivalent | None:
+    """The kit sensor for an operator class name (or custom operator name), if there is one."""
+    for name in names:
+        if not name:
+            continue
+        if name in EQUIVALENTS:
+            return EQUIVALENTS[name]
+        if _SQL_SENSOR.search(name):
+            return _POSTGRES
+    return None
+
+
+# -------------------------------------------------------------------------- aggregating
+@dataclass
+class Totals:
+    """Sums over tries; seconds internally, hours in every output."""
+
+    runs: int = 0
+    worker_runs: int = 0
+    wall: float = 0.0
+    worker: float = 0.0
+    idle: float = 0.0
+    estimated: int = 0
+
+    def add(self, usage: Usage, idle: float) -> None:
+        self.runs += 1
+        self.worker_runs += usage.segments
+        self.wall += usage.wall
+        self.worker += usage.worker
+        self.idle += idle
+        self.estimated += usage.estimated
+
+    def merge(self, other: Totals) -> None:
+        self.runs += other.runs
+        self.worker_runs += other.worker_runs
+        self.wall += other.wall
+        self.worker += other.worker
+        self.idle += other.idle
+        self.estimated += other.estimated
+
+    def as_dict(self, price: float) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "worker_runs": self.worker_runs,
+            "wall_hours": self.wall / 3600,
+            "worker_held_hours": self.worker / 3600,
+            "idle_held_hours": self.idle / 3600,
+            "cost": self.worker / 3600 * price,
+            "idle_cost": self.idle / 3600 * price,
+            "estimated_runs": self.estimated,
+        }
+
+
+@dataclass
+class Row:
+    """One line of the report: a task, a DAG or an operator over the window."""
+
+    key: dict[str, str]
+    totals: Totals = field(default_factory=Totals)
+    modes: dict[str, int] = field(default_factory=dict)
+    sensor: bool = False
+    operator_classes: set[str] = field(default_factory=set)
+    migration_rank: int | None = None
+
+    @property
+    def equivalent(self) -> Equivalent | None:
+        if "operator" not in self.key:
+            return None
+        return kit_equivalent(*sorted(self.operator_classes), self.key["operator"])
+
+    @property
+    def still_held_while_waiting(self) -> bool:
+        """Some tries waited on a worker (poke or reschedule) rather than in the triggerer."""
+        return bool(self.modes.get("poke") or self.modes.get("reschedule"))
+
+    def absorb(self, other: Row) -> None:
+        self.totals.merge(other.totals)
+        for mode, count in other.modes.items():
+            self.modes[mode] = self.modes.get(mode, 0) + count
+        self.sensor = self.sensor or other.sensor
+        self.operator_classes |= other.operator_classes
+
+    def advice(self) -> str:
+        equivalent = self.equivalent
+        if equivalent is None:
+            return "no kit equivalent: write one on PollingTrigger (docs/writing-your-own-wait.md)"
+        advice = f"{equivalent.sensor}(deferrable=True)"
+        return f"{advice}; {equivalent.note}" if equivalent.note else advice
+
+    def as_dict(self, price: float) -> dict[str, Any]:
+        equivalent = self.equivalent
+        return {
+            **self.key,
+            "modes": [mode for mode in MODES if self.modes.get(mode)],
+            **self.totals.as_dict(price),
+            "sensor": self.sensor,
+            "kit_equivalent": equivalent.sensor if equivalent else None,
+            "migration_rank": self.migration_rank,
+        }
+
+
+@dataclass
+class Report:
+    """The audit's result, renderable as a table, CSV or JSON."""
+
+    database: str
+    since: dt.datetime
+    until: dt.datetime
+    days: float
+    price: float
+    check_seconds: float
+    group_by: str
+    rows: list[Row]
+    candidates: list[Row]
+    totals: Totals
+
+    def as_dict(self, top: int | None = None) -> dict[str, Any]:
+        candidates = self.candidates if top is None else self.candidates[:top]
+        return {
+            "database": self.database,
+            "window": {"days": self.days, "since": self.since.isoformat(), "until": self.until.isoformat()},
+            "price_per_slot_hour": self.price,
+            "check_seconds": self.check_seconds,
+            "group_by": self.group_by,
+            "rows": [row.as_dict(self.price) for row in self.rows],
+            "candidates": [
+                {"rank": row.migration_rank, **row.as_dict(self.price), "advice": row.advice()} for row in candidates
+            ],
+            "totals": self.totals.as_dict(self.price),
+        }
+
+    def to_json(self, top: int | None = None) -> str:
+        return json.dumps(self.as_dict(top), indent=2)
+
+    def csv_columns(self) -> list[str]:
+        return [
+            *GROUP_KEYS[self.group_by],
+            "modes",
+            "runs",
+            "worker_runs",
+            "wall_hours",
+            "worker_held_hours",
+            "idle_held_hours",
+            "cost",
+            "idle_cost",
+            "estimated_runs",
+            "sensor",
+            "kit_equivalent",
+            "migration_rank",
+        ]
+
+    def to_csv(self) -> str:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=self.csv_columns(), lineterminator="\n")
+        writer.writeheader()
+        for row in self.rows:
+            record = row.as_dict(self.price)
+            record["modes"] = "+".join(record["modes"])
+            record["sensor"] = "yes" if record["sensor"] else "no"
+            for name, value in record.items():
+                if isinstance(value, float):
+                    record[name] = f"{value:.6f}"
+                elif value is None:
+                    record[name] = ""
+            writer.writerow(record)
+        return out.getvalue()
+
+    def to_table(self, top: int = 10) -> str:
+        head = (
+            f"Airflow metadata DB: {self.database}\n"
+            f"Window: last {self.days:g} days ({_when(self.since)} to {_when(self.until)}); "
+            f"price {self.price:g} per slot-hour; one check allowance {self.check_seconds:g} s\n"
+        )
+        keys = GROUP_KEYS[self.group_by]
+        header = [key.upper().replace("_ID", "") for key in keys]
+        header += ["MODE", "RUNS", "WALL h", "WORKER h", "IDLE h", "COST", "IDLE COST"]
+        if "operator" in keys:
+            header.append("KIT EQUIVALENT")
+        lines = []
+        for row in self.rows:
+            line = [row.key[key] for key in keys]
+            line += ["+".join(mode for mode in MODES if row.modes.get(mode)), *self._figures(row.totals)]
+            if "operator" in keys:
+                equivalent = row.equivalent
+                line.append(equivalent.name if equivalent else "-")
+            lines.append(line)
+        total = ["TOTAL", *([""] * (len(keys) - 1)), "", *self._figures(self.totals)]
+        if "operator" in keys:
+            total.append("")
+        parts = [head, _grid(header, [*lines, total], numeric=range(len(keys) + 1, len(keys) + 7))]
+        if top > 0 and self.candidates:
+            shown = self.candidates[:top]
+            ranked = [
+                [
+                    str(row.migration_rank),
+                    row.key["dag_id"],
+                    row.key["task_id"],
+                    row.key["operator"],
+                    "+".join(mode for mode in MODES if row.modes.get(mode)),
+                    f"{row.totals.idle / 3600:,.3f}",
+                    f"{row.totals.idle / 3600 * self.price:,.2f}",
+                    row.advice(),
+                ]
+                for row in shown
+            ]
+            more = len(self.candidates) - len(shown)
+            parts.append(
+                "\nSensors worth migrating (idle worker-held time, most costly first"
+                + (f"; {more} more not shown, see --top" if more > 0 else "")
+                + "):\n"
+                + _grid(
+                    ["#", "DAG", "TASK", "OPERATOR", "MODE", "IDLE h", "IDLE COST", "USE"], ranked, numeric=(0, 5, 6)
+                )
+            )
+        elif top > 0:
+            parts.append("\nNo sensor held a worker slot while waiting in this window.\n")
+        if self.totals.estimated:
+            parts.append(
+                f"\n{self.totals.estimated} of {self.totals.runs} runs had no state-change rows in the log table "
+                "(pruned?); their worker-held time is estimated (see docs/audit.md).\n"
+            )
+        return "".join(parts)
+
+    def _figures(self, totals: Totals) -> list[str]:
+        return [
+            str(totals.runs),
+            f"{totals.wall / 3600:,.3f}",
+            f"{totals.worker / 3600:,.3f}",
+            f"{totals.idle / 3600:,.3f}",
+            f"{totals.worker / 3600 * self.price:,.2f}",
+            f"{totals.idle / 3600 * self.price:,.2f}",
+        ]
+
+
+def _when(moment: dt.datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _grid(header: list[str], lines: list[list[str]], *, numeric: Container[int]) -> str:
+    """Plain fixed-width columns, the ``numeric`` ones right-aligned."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *lines, strict=True)]
+
+    def render(cells: list[str]) -> str:
+        out = [
+            cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i]) for i, cell in enumerate(map(str, cells))
+        ]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([render(header), *(render(line) for line in lines)]) + "\n"
+
+
+#: The per-task rows of an audit, keyed by (dag_id, task_id, operator name).
+Tasks = dict[tuple[str, str, str], Row]
+
+
+def account(tasks: Tasks, attempt: Try, usage: Usage, check_seconds: float) -> None:
+    """Add one measured try to its task's row."""
+    sensor = attempt.sensor or usage.mode == "reschedule"
+    key = (attempt.dag_id, attempt.task_id, attempt.operator_name)
+    row = tasks.get(key)
+    if row is None:
+        row = tasks[key] = Row({"dag_id": key[0], "task_id": key[1], "operator": key[2]})
+    row.totals.add(usage, usage.idle(sensor=sensor, check_seconds=check_seconds))
+    row.modes[usage.mode] = row.modes.get(usage.mode, 0) + 1
+    row.sensor = row.sensor or sensor
+    if attempt.operator:
+        row.operator_classes.add(attempt.operator)
+
+
+def build_report(
+    tasks: Tasks,
+    database: str,
+    since: dt.datetime,
+    until: dt.datetime,
+    days: float,
+    price: float,
+    check_seconds: float,
+    group_by: str,
+) -> Report:
+    """The report: rows grouped as asked, sorted by worker-held time, and the ranked candidates.
+
+    Candidates are always tasks (a DAG or operator row mixes sensors that migrate separately).
+    """
+    candidates = sorted(
+        (row for row in tasks.values() if row.sensor and row.totals.idle > 0 and row.still_held_while_waiting),
+        key=lambda row: (-row.totals.idle, -row.totals.worker, tuple(row.key.values())),
+    )
+    for rank, row in enumerate(candidates, start=1):
+        row.migration_rank = rank
+    if group_by == "task":
+        rows = list(tasks.values())
+    else:
+        names = GROUP_KEYS[group_by]
+        grouped: dict[tuple[str, ...], Row] = {}
+        for task in tasks.values():
+            key = tuple(task.key[name] for name in names)
+            if key not in grouped:
+                grouped[key] = Row(dict(zip(names, key, strict=True)))
+            grouped[key].absorb(task)
+        rows = list(grouped.values())
+    rows.sort(key=lambda row: (-row.totals.worker, tuple(row.key.values())))
+    totals = Totals()
+    for row in rows:
+        totals.merge(row.totals)
+    return Report(database, since, until, days, price, check_seconds, group_by, rows, candidates, totals)
