@@ -32,7 +32,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_deferrable_kit.connections import get_connection, get_extra
-from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError, truncate_text
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
+from airflow_deferrable_kit.payload import truncate_text
 
 if TYPE_CHECKING:
     import aiohttp
@@ -128,13 +129,13 @@ async def _ssl_for(verify: Any) -> bool | ssl.SSLContext:
             except (OSError, ssl.SSLError) as exc:
                 raise FatalError(
                     f"connection extra 'verify' names CA bundle {verify!r}, which cannot be loaded: {exc}",
-                    error_type="connection_config",
+                    error_type=ErrorType.BAD_CONNECTION,
                 ) from exc
             _ssl_contexts[verify] = context
         return context
     raise FatalError(
         f"connection extra 'verify' must be true, false or a CA bundle path, got {verify!r}",
-        error_type="connection_config",
+        error_type=ErrorType.BAD_CONNECTION,
     )
 
 
@@ -145,7 +146,7 @@ def _header_value(name: str, value: Any) -> str:
         return str(value)
     raise FatalError(
         f"connection extra {name!r} is sent as a header and must be a string or number, got {type(value).__name__}",
-        error_type="connection_config",
+        error_type=ErrorType.BAD_CONNECTION,
     )
 
 
@@ -162,7 +163,7 @@ def connection_headers(extra: Mapping[str, Any], *, login: str | None, password:
         if not isinstance(nested, Mapping):
             raise FatalError(
                 f"connection extra 'headers' must be an object of header names to values, got {nested!r}",
-                error_type="connection_config",
+                error_type=ErrorType.BAD_CONNECTION,
             )
         for name, value in nested.items():
             headers[str(name)] = _header_value(f"headers.{name}", value)
@@ -176,18 +177,20 @@ def connection_headers(extra: Mapping[str, Any], *, login: str | None, password:
     if auth_type is None:
         raise FatalError(
             f"connection extra 'auth_type' {raw_type!r} is not supported; use basic, bearer or none",
-            error_type="connection_config",
+            error_type=ErrorType.BAD_CONNECTION,
         )
     token = extra.get("bearer_token")
     if token is not None and (not isinstance(token, str) or not token):
-        raise FatalError("connection extra 'bearer_token' must be a non-empty string", error_type="connection_config")
+        raise FatalError(
+            "connection extra 'bearer_token' must be a non-empty string", error_type=ErrorType.BAD_CONNECTION
+        )
     authorization: str | None = None
     if auth_type == "bearer" or (auth_type == "auto" and token):
         token = token or password
         if not token:
             raise FatalError(
                 "auth_type 'bearer' needs a token: set extra 'bearer_token' or the connection password",
-                error_type="connection_config",
+                error_type=ErrorType.BAD_CONNECTION,
             )
         authorization = f"Bearer {token}"
     elif auth_type in ("basic", "auto") and (login or (auth_type == "basic" and password)):
@@ -210,18 +213,20 @@ def base_url(conn: Connection) -> URL:
 
     host = (conn.host or "").strip()
     if not host:
-        raise FatalError("the HTTP connection has no host", error_type="connection_config")
+        raise FatalError("the HTTP connection has no host", error_type=ErrorType.BAD_CONNECTION)
     if "://" not in host:
         scheme = (conn.schema or "http").strip() or "http"
         host = f"{scheme}://{host}"
     try:
         url = URL(host)
     except ValueError as exc:
-        raise FatalError(f"the HTTP connection host is not a valid URL: {exc}", error_type="connection_config") from exc
+        raise FatalError(
+            f"the HTTP connection host is not a valid URL: {exc}", error_type=ErrorType.BAD_CONNECTION
+        ) from exc
     if url.scheme not in ("http", "https") or not url.host:
         raise FatalError(
             f"the HTTP connection must give an http(s) host, got scheme {url.scheme!r}",
-            error_type="connection_config",
+            error_type=ErrorType.BAD_CONNECTION,
         )
     if conn.port and url.explicit_port is None:
         url = url.with_port(int(conn.port))
@@ -236,13 +241,15 @@ def proxy_for(extra: Mapping[str, Any], scheme: str) -> str | None:
         if not isinstance(proxies, Mapping):
             raise FatalError(
                 "connection extra 'proxies' must be an object such as {'https': 'http://proxy:3128'}",
-                error_type="connection_config",
+                error_type=ErrorType.BAD_CONNECTION,
             )
         proxy = proxies.get(scheme)
     if proxy in (None, ""):
         return None
     if not isinstance(proxy, str) or not proxy.startswith(("http://", "https://")):
-        raise FatalError("the connection's proxy must be an http:// or https:// URL", error_type="connection_config")
+        raise FatalError(
+            "the connection's proxy must be an http:// or https:// URL", error_type=ErrorType.BAD_CONNECTION
+        )
     return proxy
 
 
@@ -439,9 +446,9 @@ def classify_aiohttp_error(exc: BaseException) -> WaitError | None:
     if aiohttp is None:  # never imported, so no exception can be one of its own
         return None
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        return FatalError(f"TLS certificate rejected: {exc}", error_type="tls_certificate")
+        return FatalError(f"TLS certificate rejected: {exc}", error_type=ErrorType.TLS)
     if isinstance(exc, aiohttp.InvalidURL):
-        return FatalError(f"invalid URL: {exc}", error_type="invalid_url")
+        return FatalError(f"invalid URL: {exc}", error_type=ErrorType.BAD_CONNECTION)
     if isinstance(exc, aiohttp.ClientError):
-        return TransientError(f"{type(exc).__name__}: {exc}", error_type="network")
+        return TransientError(f"{type(exc).__name__}: {exc}", error_type=ErrorType.NETWORK)
     return None

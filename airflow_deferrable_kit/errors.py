@@ -36,6 +36,7 @@ Postgres and Kafka alike.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -88,6 +89,27 @@ def describe_exception(exc: BaseException) -> str:
     """``Type: message``, never an empty message (``TimeoutError()`` says what it is)."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
+
+
+#: ``getaddrinfo`` answers meaning "this name does not exist" (not "the resolver is unreachable").
+_NO_SUCH_NAME = frozenset(
+    code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None)) if code is not None
+)
+
+
+def is_unknown_host(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is the resolver saying a host name does not exist."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, socket.gaierror) and current.errno in _NO_SUCH_NAME:
+            return True
+        pending.extend((current.__cause__, current.__context__, getattr(current, "os_error", None)))
+    return False
 
 
 class WaitError(Exception):
@@ -152,4 +174,5 @@ __all__ = [
     "WaitError",
     "describe_exception",
     "error_type_value",
+    "is_unknown_host",
 ]

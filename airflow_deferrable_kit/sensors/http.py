@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_deferrable_kit.conditions import build_acceptors
+from airflow_deferrable_kit.conditions import ConditionSet
 from airflow_deferrable_kit.sensors.base import DeferrableSensor
 from airflow_deferrable_kit.triggers.http import (
     DEFAULT_EXCERPT_CHARS,
@@ -62,7 +62,7 @@ class HttpBatchReadySensor(DeferrableSensor):
         **kwargs: Any,
     ) -> None:
         # One canonical list on the trigger, whatever mix of sugar and canonical form was given.
-        canonical = build_acceptors(
+        canonical = ConditionSet.canonicalise(
             matchers=MATCHERS, acceptors=acceptors, success=success, failure=failure, retry=retry
         )
         optional: dict[str, Any] = {}

@@ -35,7 +35,7 @@ from typing_extensions import dataclass_transform
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit.clients import Closer, Factory, Leases
-from airflow_deferrable_kit.errors import ErrorType, describe_exception
+from airflow_deferrable_kit.errors import ErrorType, describe_exception, is_unknown_host
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import (
     ERROR,
@@ -52,6 +52,10 @@ from airflow_deferrable_kit.payload import (
     timeout_payload,
 )
 
+#: Polls in a row in which the resolver says the host name does not exist, before any poll of
+#: this wait reached its host, after which the wait fails (a typo'd host would otherwise be
+#: retried until the deadline). Once the name has resolved, DNS failures stay transient.
+UNKNOWN_HOST_ATTEMPTS = 3
 #: Shortest sleep between two polls of any kind.
 MIN_POLL_DELAY = 0.001
 #: CPU seconds one loop iteration may spend on waits woken together before the rest wait a turn.
@@ -315,7 +319,8 @@ class PollingTrigger(BaseTrigger):
     async def wait(self) -> dict[str, Any]:
         """Poll until done and return the single payload (the loop behind :meth:`run`)."""
         self.log.info("Waiting: %s (deadline %s)", self.describe(), self.deadline or "none")
-        failures = 0
+        failures = unknown_host = 0
+        reached = False  # some poll got past name resolution
         phased = not self.spread_polls
         self._last_error: WaitError | None = None
         while True:
@@ -328,6 +333,16 @@ class PollingTrigger(BaseTrigger):
                 raise
             except Exception as exc:
                 error = self.classify_error(exc)
+                if isinstance(error, TransientError) and not reached and is_unknown_host(exc):
+                    unknown_host += 1
+                    if unknown_host >= UNKNOWN_HOST_ATTEMPTS:
+                        error = FatalError(
+                            f"the host name never resolved ({unknown_host} attempts; check the connection's "
+                            f"host): {error.message}",
+                            error_type=ErrorType.BAD_CONNECTION,
+                        )
+                else:
+                    reached = True
                 if not isinstance(error, TransientError):
                     self.log.error("Wait failed (%s): %s", error.error_type, error.message)
                     return self._safe(error_payload, error.error_type, error.message, error.details)
@@ -342,6 +357,7 @@ class PollingTrigger(BaseTrigger):
                     delay,
                 )
             else:
+                reached = True
                 if outcome is _DEADLINE:
                     return self._timed_out()
                 if isinstance(outcome, Found):

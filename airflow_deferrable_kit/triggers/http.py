@@ -32,23 +32,17 @@ from airflow_deferrable_kit._http_client import (
     send,
 )
 from airflow_deferrable_kit.conditions import (
+    DEFAULT,
     MISSING,
     Acceptor,
-    Decision,
-    decide,
-    load_acceptors,
+    ConditionSet,
+    Verdict,
+    explain,
     lookup,
     parse_path,
-    run_predicate,
-    validate_predicate_path,
 )
-from airflow_deferrable_kit.payload import (
-    ConditionFailed,
-    FatalError,
-    TransientError,
-    WaitError,
-    truncate_text,
-)
+from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, TransientError, WaitError
+from airflow_deferrable_kit.payload import truncate_text
 from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
 
 #: Matchers an HTTP acceptor may use, and whether each takes an argument.
@@ -63,6 +57,9 @@ DEFAULT_EXCERPT_CHARS: Final = 1000
 MAX_EXCERPT_CHARS: Final = 16_000
 #: A selected or observed value longer than this (as JSON) is cut to a marked string.
 MAX_VALUE_CHARS: Final = 1000
+#: Consecutive 2xx answers whose body is not JSON, while a path condition needs it, taken as
+#: "not yet" (a proxy's or load balancer's HTML page during a deploy) before the wait fails.
+MAX_UNREADABLE_BODIES: Final = 5
 
 
 class _Unreadable(Exception):
@@ -89,8 +86,8 @@ class HttpBatchReadyTrigger(PollingTrigger):
     :param query: query parameters; a list value repeats the parameter.
     :param json_body: JSON request body (``None`` sends no body).
     :param acceptors: canonical acceptors (matchers ``status`` and ``path``), tried in order.
-    :param predicate: dotted path of a sync or async callable deciding on 2xx responses that no
-        acceptor decided; it returns ``True``/``"success"``, ``"failure"`` or falsy/``"retry"``.
+    :param predicate: dotted path of a sync or async callable judging 2xx responses, by the one
+        rule of :mod:`airflow_deferrable_kit.conditions` (truthy means ready).
     :param not_yet_codes: statuses meaning "not yet" when no acceptor decided.
     :param select: JSON paths copied into the success payload's ``fields``.
     :param request_timeout: seconds for one request, including waiting for a pooled socket.
@@ -129,7 +126,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
         if not isinstance(self.method, str) or self.method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         self._validate_query()
-        self._acceptors: list[Acceptor] = load_acceptors(self._require_list("acceptors"), matchers=MATCHERS)
+        self._conditions = ConditionSet.load(self.acceptors, self.predicate, matchers=MATCHERS)
+        self._acceptors: tuple[Acceptor, ...] = self._conditions.acceptors
+        #: Off a 2xx only the status can be judged: the body is an error page or empty.
+        self._status_conditions = ConditionSet([a for a in self._acceptors if a.matcher == "status"])
         for i, acceptor in enumerate(self._acceptors):
             if acceptor.matcher == "status" and acceptor.comparator != "exists":
                 values = acceptor.expected if acceptor.comparator == "in" else [acceptor.expected]
@@ -138,8 +138,6 @@ class HttpBatchReadyTrigger(PollingTrigger):
                         f"acceptors[{i}]: a status acceptor expects HTTP status integers (100-599), "
                         f"got {acceptor.expected!r}"
                     )
-        if self.predicate is not None:
-            validate_predicate_path(self.predicate, argument="predicate")
         codes = self._require_list("not_yet_codes")
         if not all(_is_status(code) for code in codes):
             raise ValueError(f"not_yet_codes must be a list of HTTP status integers (100-599), got {codes!r}")
@@ -153,12 +151,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         chars = self.excerpt_chars
         if isinstance(chars, bool) or not isinstance(chars, int) or not 0 <= chars <= MAX_EXCERPT_CHARS:
             raise ValueError(f"excerpt_chars must be an integer from 0 to {MAX_EXCERPT_CHARS}, got {chars!r}")
-        if self._acceptors and self.predicate is None and not any(a.state == "success" for a in self._acceptors):
-            raise ValueError(
-                "acceptors say only when to fail or keep waiting; add a success condition "
-                "(e.g. success=[{'status': 200}] or [{'path': 'state', 'equals': 'ready'}]) or a predicate, "
-                "so a response nobody described is never mistaken for 'ready'"
-            )
+        self._unreadable_bodies = 0
         self._target: Target | None = None
         self._hold_off: float | None = None
         self._last: str | None = None
@@ -222,30 +215,18 @@ class HttpBatchReadyTrigger(PollingTrigger):
                 return status
             if document is NOT_JSON or document is TOO_LARGE:
                 raise _Unreadable
-            return lookup(document, acceptor.argument or "")
+            return lookup(document, acceptor.parts)
 
-        applicable = self._acceptors if evaluate_body else [a for a in self._acceptors if a.matcher == "status"]
+        conditions = self._conditions if evaluate_body else self._status_conditions
         try:
-            decision, observed = decide(applicable, value_of)
+            verdict = await conditions.evaluate(value_of, lambda: self._predicate_subject(response, document))
         except _Unreadable:
-            raise self._unreadable(response, document, context) from None
-        context["observed"] = {label: _cap_value(value) for label, value in observed.items()}
-
-        state: str | None = None
-        decided: dict[str, Any] | None = None
-        if decision is not None:
-            state, decided = decision.state, self._decision_dict(decision)
-        elif status in self.not_yet_codes:
-            state = "retry"
-        elif response.ok:
-            if self.predicate is not None:
-                state = await self._run_predicate(response, document)
-                decided = {"state": state, "matcher": "predicate", "argument": self.predicate}
-            elif not self._acceptors:
-                state = "success"
-                decided = {"state": "success", "matcher": "default", "comparator": "2xx", "actual": status}
-            else:
-                state = "retry"
+            self._unreadable(response, document, context)
+            return None
+        self._unreadable_bodies = 0
+        context["observed"] = {label: _cap_value(value) for label, value in verdict.observed.items()}
+        state = self._state_of(verdict, response)
+        decided = self._capped_decision(verdict, status)
 
         if state == "success":
             self._last = None
@@ -259,9 +240,8 @@ class HttpBatchReadyTrigger(PollingTrigger):
             data["body_excerpt"] = response.excerpt(int(self.excerpt_chars))
             return Found(data)
         if state == "failure":
-            assert decided is not None
             raise ConditionFailed(
-                f"{method} {safe_url} reported failure: {self._describe_decision(decided)}; "
+                f"{method} {safe_url} reported failure: {explain(decided)}; "
                 f"body: {response.excerpt(min(int(self.excerpt_chars), 300))}",
                 details={**context, "decision": decided, "body_excerpt": response.excerpt(int(self.excerpt_chars))},
             )
@@ -272,18 +252,30 @@ class HttpBatchReadyTrigger(PollingTrigger):
             return None
         raise self._status_error(response, context)
 
-    def _decision_dict(self, decision: Decision) -> dict[str, Any]:
-        out = decision.as_dict()
-        out["actual"] = _cap_value(out.get("actual"))
-        return out
+    def _state_of(self, verdict: Verdict, response: Response) -> str | None:
+        """The verdict's state, with HTTP's own default: a 2xx is ready, a not-yet code is not yet.
+
+        ``None``: no condition spoke and the status is neither, so it is an error status.
+        """
+        decided = verdict.decided_by is not None and verdict.state != DEFAULT
+        if decided or (verdict.state == "retry" and response.ok and response.status not in self.not_yet_codes):
+            return verdict.state
+        if response.status in self.not_yet_codes:
+            return "retry"
+        if response.ok:
+            return "success" if verdict.state == DEFAULT else "retry"
+        return None
 
     @staticmethod
-    def _describe_decision(decided: Mapping[str, Any]) -> str:
-        if decided.get("matcher") == "predicate":
-            return f"predicate {decided.get('argument')} returned failure"
-        where = decided["matcher"] + (f" {decided['argument']}" if "argument" in decided else "")
-        expected = decided.get("expected", True)
-        return f"{where} {decided.get('comparator')} {expected!r} (saw {decided.get('actual')!r})"
+    def _capped_decision(verdict: Verdict, status: int) -> dict[str, Any] | None:
+        if verdict.state == DEFAULT:
+            return {"state": "success", "matcher": "default", "comparator": "2xx", "actual": status}
+        if verdict.decided_by is None:
+            return None
+        out = dict(verdict.decided_by)
+        if "actual" in out:
+            out["actual"] = _cap_value(out["actual"])
+        return out
 
     def _status_error(self, response: Response, context: dict[str, Any]) -> WaitError:
         status = response.status
@@ -296,47 +288,57 @@ class HttpBatchReadyTrigger(PollingTrigger):
         self._last = f"last response: {status} {response.reason}".rstrip()
         if is_transient_status(status):
             retry_after = parse_retry_after(response.headers.get("Retry-After"), now=self.clock.time())
-            return TransientError(message, retry_after=retry_after, error_type=f"http_{status}", details=details)
+            error_type = status_error_type(status)
+            return TransientError(message, retry_after=retry_after, error_type=error_type, details=details)
         if 300 <= status <= 399:
             location = response.headers.get("Location")
             message += (
                 f" (redirect to {location!r} not followed, so connection headers never leave its origin; "
                 "point the connection at the final URL)"
             )
-        return FatalError(message, error_type=f"http_{status}", details=details)
+        return FatalError(message, error_type=status_error_type(status), details=details)
 
-    def _unreadable(self, response: Response, document: Any, context: dict[str, Any]) -> FatalError:
+    def _unreadable(self, response: Response, document: Any, context: dict[str, Any]) -> None:
+        """A 2xx body a path condition cannot read: not yet a few times, then a fatal error.
+
+        A proxy or load balancer answering 200 with an HTML page during a deploy must not end
+        a wait at once; a body that stays unreadable for :data:`MAX_UNREADABLE_BODIES` polls
+        in a row, or one over ``max_body_bytes``, does.
+        """
         excerpt = response.excerpt(int(self.excerpt_chars))
+        content_type = response.headers.get("Content-Type", "no content type")
         if document is TOO_LARGE:
             reason = f"the body is larger than max_body_bytes={self.max_body_bytes}"
-            error_type = "body_too_large"
+            error_type = ErrorType.BAD_CONFIGURATION
         else:
+            self._unreadable_bodies += 1
             reason = "the body is not JSON"
-            error_type = "invalid_json"
-        content_type = response.headers.get("Content-Type", "no content type")
-        return FatalError(
+            error_type = ErrorType.PROTOCOL
+            if self._unreadable_bodies < MAX_UNREADABLE_BODIES:
+                self.log.warning(
+                    "%s %s returned %s (%s) but the body is not JSON, so the path conditions cannot be "
+                    "evaluated; taken as not yet (%d of %d in a row before the wait fails): %s",
+                    context["method"], context["url"], response.status, content_type,
+                    self._unreadable_bodies, MAX_UNREADABLE_BODIES, response.excerpt(200),
+                )  # fmt: skip
+                self._last = f"last response: {response.status} ({content_type}), not JSON"
+                return None
+            reason += f" ({self._unreadable_bodies} answers in a row)"
+        raise FatalError(
             f"{context['method']} {context['url']} returned {response.status} ({content_type}) but {reason}, "
             f"so the path acceptors cannot be evaluated: {response.excerpt(min(int(self.excerpt_chars), 300))}",
             error_type=error_type,
             details={**context, "body_excerpt": excerpt},
         )
 
-    async def _run_predicate(self, response: Response, document: Any) -> str:
-        assert self.predicate is not None
-        subject = {
+    @staticmethod
+    def _predicate_subject(response: Response, document: Any) -> dict[str, Any]:
+        return {
             "status_code": response.status,
             "headers": dict(response.headers),
             "text": response.decoded,
             "json": None if document is NOT_JSON or document is TOO_LARGE else document,
         }
-        try:
-            return await run_predicate(self.predicate, subject)
-        except WaitError:
-            raise
-        except Exception as exc:
-            raise FatalError(
-                f"predicate {self.predicate!r} failed: {type(exc).__name__}: {exc}", error_type="predicate_error"
-            ) from exc
 
     def next_poll_delay(self) -> float:
         """The poll interval, or longer if a "not yet" response asked for it with Retry-After."""
@@ -350,6 +352,21 @@ class HttpBatchReadyTrigger(PollingTrigger):
         if isinstance(error, TransientError):
             self._last = truncate_text(f"last error: {error.message}", 300)
         return error
+
+
+def status_error_type(status: int) -> ErrorType:
+    """The vocabulary's name for an error status (the status itself is in the payload)."""
+    if status == 401 or status == 407:
+        return ErrorType.AUTHENTICATION
+    if status == 403:
+        return ErrorType.AUTHORIZATION
+    if status in (404, 410):
+        return ErrorType.NOT_FOUND
+    if status == 429:
+        return ErrorType.THROTTLED
+    if is_transient_status(status):
+        return ErrorType.NETWORK if status == 408 else ErrorType.UNAVAILABLE
+    return ErrorType.BAD_REQUEST
 
 
 def _is_status(value: Any) -> bool:

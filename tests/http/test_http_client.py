@@ -53,7 +53,7 @@ def test_base_url_rules(fields: dict[str, Any], expected: str) -> None:
 def test_base_url_errors_are_fatal_config_errors(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(FatalError, match=message) as info:
         base_url(conn(**fields))
-    assert info.value.error_type == "connection_config"
+    assert info.value.error_type == "bad_connection"
 
 
 def basic(login: str, password: str) -> str:
@@ -99,7 +99,7 @@ def test_connection_header_rules(
 def test_bad_connection_extras_are_fatal(extra: dict[str, Any], message: str) -> None:
     with pytest.raises(FatalError, match=message) as info:
         connection_headers(extra, login=None, password=None)
-    assert info.value.error_type == "connection_config"
+    assert info.value.error_type == "bad_connection"
 
 
 # ------------------------------------------------------------------------- Retry-After
@@ -148,7 +148,7 @@ def test_408_429_and_5xx_are_transient_other_statuses_fatal(status: int, transie
 
 def test_aiohttp_errors_map_to_transient_or_fatal() -> None:
     invalid = classify_aiohttp_error(aiohttp.InvalidURL("nope://"))
-    assert isinstance(invalid, FatalError) and invalid.error_type == "invalid_url"
+    assert isinstance(invalid, FatalError) and invalid.error_type == "bad_connection"
     refused = classify_aiohttp_error(aiohttp.ClientConnectionError("refused"))
     assert isinstance(refused, TransientError) and refused.error_type == "network"
     assert refused.message == "ClientConnectionError: refused"

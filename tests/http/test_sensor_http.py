@@ -154,7 +154,7 @@ def test_resume_returns_the_payload_or_fails() -> None:
     ok = {"status": "success", "status_code": 200, "url": "http://x/y"}
     assert s.execute_complete(make_context(s), ok) == ok
     with pytest.raises(WaitFailedError, match="http_403"):
-        s.execute_complete(make_context(s), {"status": "error", "error_type": "http_403", "message": "denied"})
+        s.execute_complete(make_context(s), {"status": "error", "error_type": "authorization", "message": "denied"})
 
 
 # --------------------------------------------------------------------------- example DAG

@@ -119,7 +119,7 @@ async def test_configurable_not_yet_codes(serve: Serve, connection: Conn) -> Non
     payload = await run_trigger_payload(make(conn, not_yet_codes=[202]))
     # 202 is "not yet" as configured; 404 no longer is, so like any other 4xx it is fatal.
     assert payload["status"] == "error"
-    assert payload["error_type"] == "http_404"
+    assert payload["error_type"] == "not_found"
     assert len(server.requests) == 2
 
 
@@ -169,7 +169,7 @@ async def test_non_json_body_with_path_acceptors_is_fatal_and_says_why(serve: Se
     )
     payload = await run_trigger_payload(make(conn, acceptors=[acceptor("success", **READY)]))
     assert payload["status"] == "error"
-    assert payload["error_type"] == "invalid_json"
+    assert payload["error_type"] == "protocol"
     assert "not JSON" in payload["message"] and "text/html" in payload["message"]
     assert payload["body_excerpt"] == "<html>login page</html>"
     assert len(server.requests) == 1
@@ -197,7 +197,7 @@ async def test_huge_body_cannot_be_evaluated_as_json(serve: Serve, connection: C
     _, conn = api(serve, connection, script(lambda: reply(200, huge)))
     payload = await run_trigger_payload(make(conn, acceptors=[acceptor("success", **READY)]))
     assert payload["status"] == "error"
-    assert payload["error_type"] == "body_too_large"
+    assert payload["error_type"] == "bad_configuration"
     assert "max_body_bytes=1048576" in payload["message"]
     assert len(json.dumps(payload)) < MAX_PAYLOAD_BYTES
 
@@ -242,7 +242,7 @@ async def test_401_and_403_are_fatal_after_one_request(serve: Serve, connection:
 async def test_redirects_are_not_followed(serve: Serve, connection: Conn) -> None:
     server, conn = api(serve, connection, script(lambda: reply(302, headers={"Location": "http://elsewhere/x"})))
     payload = await run_trigger_payload(make(conn))
-    assert payload["error_type"] == "http_302"
+    assert payload["error_type"] == "bad_request"
     assert "http://elsewhere/x" in payload["message"]
     assert len(server.requests) == 1
 
@@ -444,7 +444,7 @@ async def test_extra_headers_from_the_connection(serve: Serve, connection: Conn)
 async def test_unsupported_auth_type_is_a_clear_fatal_error(serve: Serve, connection: Conn) -> None:
     server, conn = api(serve, connection, states("ready"), extra={"auth_type": "requests_kerberos.HTTPKerberosAuth"})
     payload = await run_trigger_payload(make(conn))
-    assert payload["error_type"] == "connection_config"
+    assert payload["error_type"] == "bad_connection"
     assert "auth_type" in payload["message"]
     assert server.requests == []
 
@@ -473,7 +473,7 @@ async def test_tls_verification(serve: Serve, connection: Conn, tls: Any) -> Non
     connection("tls_insecure", host=f"https://127.0.0.1:{server.port}", extra={"verify": False})
     connection("tls_ca", host=f"https://127.0.0.1:{server.port}", extra={"verify": str(tls.cert)})
     rejected = await run_trigger_payload(make("tls_default"))
-    assert rejected["error_type"] == "tls_certificate"
+    assert rejected["error_type"] == "tls"
     assert (await run_trigger_payload(make("tls_insecure")))["status"] == "success"
     ok = await run_trigger_payload(make("tls_ca"))
     assert ok["status"] == "success" and ok["url"].startswith("https://")

@@ -186,7 +186,7 @@ def test_connection_extra_credentials_win_and_host_port_work() -> None:
 def test_bad_connection_is_a_fatal_configuration_error(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(FatalError, match=message) as caught:
         client_options(conn_id="k", host=None, port=None, login=None, password=None, **fields)
-    assert caught.value.error_type == "configuration"
+    assert caught.value.error_type == "bad_connection"
 
 
 @pytest.mark.parametrize(

@@ -334,7 +334,7 @@ async def test_payload_is_capped(bootstrap: str, kafka_conn: str, topic: str) ->
 
 async def test_unknown_topic_is_fatal_by_default(kafka_conn: str) -> None:
     payload = (await run_trigger(make(unique("missing"), kafka_conn), timeout=20)).payload
-    assert payload["status"] == "error" and payload["error_type"] == "unknown_topic"
+    assert payload["status"] == "error" and payload["error_type"] == "not_found"
 
 
 async def test_waits_for_a_topic_created_later(bootstrap: str, kafka_conn: str, fast_refresh: None) -> None:

@@ -383,13 +383,13 @@ async def test_a_query_that_writes_is_refused(conn_id: str, markers: str, classi
 
 async def test_bad_bound_values_are_fatal(conn_id: str, markers: str, classified: list[WaitError]) -> None:
     payload = await _fails_at_once(marker(conn_id, markers, match={"batch_date": "yesterday-ish"}), classified)
-    assert payload["error_type"] == "bad_parameters" and "match['batch_date']" in payload["message"]
+    assert payload["error_type"] == "bad_configuration" and "match['batch_date']" in payload["message"]
     classified.clear()
     trigger = PostgresBatchMarkerTrigger(
         postgres_conn_id=conn_id, sql="SELECT $1::int AS a, $2::int AS b", parameters=[1]
     )
     payload = await _fails_at_once(trigger, classified)
-    assert payload["error_type"] == "bad_parameters"
+    assert payload["error_type"] == "bad_configuration"
 
 
 async def test_poll_once_is_the_same_check(conn_id: str, admin: asyncpg.Connection, markers: str) -> None:

@@ -237,7 +237,7 @@ def test_connection_maps_to_asyncpg_arguments() -> None:
 def test_bad_connection_extras_are_fatal_and_named(extra: dict[str, Any], named: str) -> None:
     with pytest.raises(FatalError, match=named) as raised:
         options_from_connection("wh", _conn(), extra)
-    assert raised.value.error_type == "bad_connection_config"
+    assert raised.value.error_type == "bad_connection"
 
 
 def _types(*names: str) -> list[Any]:
@@ -260,7 +260,7 @@ def test_bound_values_are_converted_to_the_placeholder_types() -> None:
     assert coerce_arguments([["1", "2"]], _types("int4[]"), ["ids"]) == [[1, 2]]
     with pytest.raises(FatalError, match=r"match\['day'\]='soon' is not a valid date") as raised:
         coerce_arguments(["soon"], _types("date"), ["match['day']"])
-    assert raised.value.error_type == "bad_parameters"
+    assert raised.value.error_type == "bad_configuration"
     with pytest.raises(FatalError, match="2 placeholder"):
         coerce_arguments([1], _types("int4", "int4"), ["a"])
 

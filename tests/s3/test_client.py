@@ -195,9 +195,9 @@ def test_botocore_errors_are_classified() -> None:
     trigger = S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id="c")
     transient = [EndpointConnectionError(endpoint_url="http://x"), ReadTimeoutError(endpoint_url="http://x")]
     assert all(isinstance(trigger.classify_error(e), TransientError) for e in transient)
-    assert trigger.classify_error(NoCredentialsError()).error_type == "no_credentials"
-    assert trigger.classify_error(SSLError(endpoint_url="http://x", error="bad cert")).error_type == "tls_error"
-    assert trigger.classify_error(client_error("AccessDenied", 403)).error_type == "access_denied"
+    assert trigger.classify_error(NoCredentialsError()).error_type == "authentication"
+    assert trigger.classify_error(SSLError(endpoint_url="http://x", error="bad cert")).error_type == "tls"
+    assert trigger.classify_error(client_error("AccessDenied", 403)).error_type == "authorization"
 
 
 # ------------------------------------------------------------------ connections, live

@@ -159,7 +159,7 @@ def test_resume_turns_the_event_into_the_outcome() -> None:
     with pytest.raises(AirflowSkipException):
         task.execute_complete(make_context(task), {"status": "timeout", "message": "deadline passed"})
     with pytest.raises(WaitFailedError, match="access_denied"):  # soft_fail never hides an error
-        task.execute_complete(make_context(task), {"status": "error", "error_type": "access_denied", "message": "m"})
+        task.execute_complete(make_context(task), {"status": "error", "error_type": "authorization", "message": "m"})
 
 
 # ------------------------------------------------------------------- deferrable=False

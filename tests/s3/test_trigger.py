@@ -237,7 +237,7 @@ def test_payload_stays_under_the_size_limit_with_long_keys() -> None:
 async def test_missing_bucket_is_fatal_on_the_head_path(proxy: FaultProxy, proxy_conn: str) -> None:
     payload = await run_trigger_payload(s3_trigger(bucket_key="s3://adk-no-such-bucket/x.csv", aws_conn_id=proxy_conn))
     assert payload["status"] == "error"
-    assert payload["error_type"] == "bucket_not_found"
+    assert payload["error_type"] == "not_found"
     assert "adk-no-such-bucket" in payload["message"]
     assert [(s.method, s.status) for s in proxy.seen] == [("HEAD", 404), ("HEAD", 404)]  # key, then bucket
 
