@@ -1,13 +1,16 @@
-"""asyncpg plumbing for the Postgres wait, shared by every Postgres trigger in a triggerer.
+"""asyncpg behind the Postgres wait: connection -> client, and asyncpg's errors -> ours.
 
 * :func:`connect_options` turns an Airflow ``postgres`` connection into asyncpg arguments, inside
   the triggerer, so no DSN or password ever travels in trigger kwargs.
 * :func:`open_pool` builds the one bounded pool a connection id gets per process: a thousand
   waiting triggers share ``pool_max_size`` server connections (4 by default), and a waiter
   holds one only for the length of its query.
-* :class:`ChannelListener` keeps one ``LISTEN`` connection per (connection id, channel) and wakes
-  every subscribed waiter on a notification. It is best effort: it reconnects with backoff on
-  its own, and polling carries the wait whenever it is down.
+* :func:`classify_postgres_error` is the one place asyncpg's exceptions become transient or
+  fatal errors.
+
+The Postgres wait uses no private asyncpg API. What it does rely on beyond asyncpg's documented
+surface, the text of a few errors asyncpg gives no class of their own, is said where it is used.
+The LISTEN engine is in :mod:`airflow_deferrable_kit._postgres_listener`.
 
 asyncpg is imported inside functions only, so this module imports without the ``postgres`` extra.
 """
@@ -15,17 +18,16 @@ asyncpg is imported inside functions only, so this module imports without the ``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import random
 import shlex
+import ssl
 import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit.connections import get_connection, get_extra
-from airflow_deferrable_kit.payload import FatalError
+from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -42,9 +44,6 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 #: libpq SSL file parameters asyncpg reads from a DSN query string (never a secret-bearing DSN).
 SSL_FILE_KEYS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
-#: Reconnect backoff of a LISTEN connection: full jitter, capped.
-LISTEN_RETRY_BASE = 0.5
-LISTEN_RETRY_CAP = 30.0
 
 
 @dataclass(frozen=True)
@@ -189,89 +188,86 @@ async def close_pool(pool: asyncpg.Pool) -> None:
         pool.terminate()
 
 
-class ChannelListener:
-    """One ``LISTEN`` connection shared by every waiter on a (connection id, channel).
+# ---------------------------------------------------------------------- errors -> ours
+#: SQLSTATE classes and codes (PostgreSQL's appendix A) that a later poll may well not meet.
+_TRANSIENT_CLASSES = {
+    "08": "connection",
+    "40": "transaction_rollback",
+    "53": "insufficient_resources",
+    "57": "server_unavailable",
+    "58": "system_error",
+}
+_TRANSIENT_STATES = {
+    "40001": "serialization_failure",
+    "40P01": "deadlock",
+    "53300": "too_many_connections",
+    "57014": "query_canceled",
+    "57P01": "server_restarting",
+    "57P02": "server_restarting",
+    "57P03": "server_restarting",
+    "55P03": "lock_not_available",
+    "55006": "object_in_use",
+    "25P03": "idle_in_transaction_timeout",
+}
+#: SQLSTATEs that no retry will change: the query, the schema or the credentials are wrong.
+_FATAL_STATES = {
+    "42601": "syntax_error",
+    "42P01": "undefined_table",
+    "42703": "undefined_column",
+    "42883": "undefined_function",
+    "42501": "permission_denied",
+    "28P01": "authentication_failed",
+    "28000": "authentication_failed",
+    "3D000": "unknown_database",
+    "3F000": "unknown_schema",
+    "25006": "read_only",
+}
+_FATAL_CLASSES = {"42": "sql_error", "22": "data_error", "28": "authentication_failed"}
 
-    Waiters subscribe an :class:`asyncio.Event`; a notification sets them all. Every successful
-    (re)connection also wakes everybody, because a notification sent while nobody was listening
-    is lost and the waiters should look once instead of sleeping a full poll interval.
+
+def classify_postgres_error(exc: BaseException) -> WaitError | None:
+    """Transient or fatal for asyncpg's errors; ``None`` if ``exc`` is not one of them.
+
+    The server's errors are classified by SQLSTATE and asyncpg's own by class, except a few that
+    asyncpg gives no class of their own: those are told apart by their text, as asyncpg 0.32.0
+    words it (``pool.py``, ``connection.py``, ``connect_utils.py`` and ``protocol/*.pyx``). An
+    asyncpg that rewords one moves it to the next rule below; the tests that restart a real
+    server and refuse its TLS show such a change.
     """
+    import asyncpg
 
-    def __init__(self, conn_id: str, channel: str) -> None:
-        self.conn_id = conn_id
-        self.channel = channel
-        self.notifications = 0
-        self.connects = 0
-        self._waiters: set[asyncio.Event] = set()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"listen:{self.channel}")
-
-    def subscribe(self, event: asyncio.Event) -> None:
-        self._waiters.add(event)
-
-    def unsubscribe(self, event: asyncio.Event) -> None:
-        self._waiters.discard(event)
-
-    def wake_all(self) -> None:
-        for event in self._waiters:
-            event.set()
-
-    def _on_notify(self, connection: Any, pid: int, channel: str, payload: str) -> None:
-        self.notifications += 1
-        self.wake_all()
-
-    async def _run(self) -> None:
-        import asyncpg
-
-        failures = 0
-        while True:
-            conn: asyncpg.Connection | None = None
-            lost = asyncio.Event()
-            try:
-                options = await connect_options(self.conn_id)
-                conn = await asyncpg.connect(**options.kwargs)
-                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                await conn.add_listener(self.channel, self._on_notify)
-                failures = 0
-                self.connects += 1
-                log.info("Listening on Postgres channel %r (%s)", self.channel, self.conn_id)
-                self.wake_all()
-                await lost.wait()
-                log.warning("Lost the LISTEN connection for channel %r; polling continues meanwhile", self.channel)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                failures += 1
-                log.warning(
-                    "Cannot LISTEN on channel %r (%s): %s: %s; polling continues meanwhile",
-                    self.channel,
-                    self.conn_id,
-                    type(exc).__name__,
-                    exc,
-                )
-            finally:
-                if conn is not None:
-                    conn.terminate()
-            ceiling = min(LISTEN_RETRY_CAP, LISTEN_RETRY_BASE * 2.0 ** min(failures, 10))
-            await asyncio.sleep(random.uniform(LISTEN_RETRY_BASE / 2, max(ceiling, LISTEN_RETRY_BASE)))
-
-    async def close(self) -> None:
-        self._waiters.clear()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-
-async def start_listener(conn_id: str, channel: str) -> ChannelListener:
-    """Start listening in the background; never waits for the server (polling covers the gap)."""
-    listener = ChannelListener(conn_id, channel)
-    listener.start()
-    return listener
-
-
-async def close_listener(listener: ChannelListener) -> None:
-    await listener.close()
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(getattr(exc, "sqlstate", "") or "")
+        message = f"{type(exc).__name__} (SQLSTATE {state}): {exc}"
+        if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
+            return TransientError(message, error_type="schema_changed")
+        if state in _TRANSIENT_STATES or state[:2] in _TRANSIENT_CLASSES:
+            return TransientError(message, error_type=_TRANSIENT_STATES.get(state) or _TRANSIENT_CLASSES[state[:2]])
+        if state == "25006":
+            message += " (waits run in read-only sessions: the query must not write)"
+        if "invalid input for query argument" in str(exc):  # asyncpg's text when its codec refuses a value
+            return FatalError(f"a bound value does not fit its placeholder: {exc}", error_type="bad_parameters")
+        error_type = _FATAL_STATES.get(state) or _FATAL_CLASSES.get(state[:2], "postgres_error")
+        return FatalError(message, error_type=error_type)
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return FatalError(f"bad connection settings: {exc}", error_type="bad_connection_config")
+    if isinstance(exc, asyncpg.InterfaceError):
+        text = str(exc)
+        # asyncpg's texts for a connection (or pool) that is gone or being torn down.
+        if "closed" in text or "pool is closing" in text or "another operation is in progress" in text:
+            return TransientError(f"{type(exc).__name__}: {text}", error_type="connection")
+        return FatalError(f"{type(exc).__name__}: {text}", error_type="client_error")
+    if isinstance(exc, asyncpg.exceptions.OutdatedSchemaCacheError):
+        return TransientError(f"{type(exc).__name__}: {exc}", error_type="schema_changed")
+    if isinstance(exc, asyncpg.exceptions.ProtocolError):
+        return FatalError(f"{type(exc).__name__}: {exc}", error_type="protocol_error")
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        # E.g. "cannot switch to state 12; another operation (2) is in progress": the server
+        # sent an unsolicited error (shutdown) and the connection is being torn down.
+        return TransientError(f"{type(exc).__name__}: {exc}", error_type="connection")
+    if isinstance(exc, ssl.SSLCertVerificationError) or (
+        # asyncpg's text when TLS is required and the server will not speak it.
+        isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc)
+    ):
+        return FatalError(f"TLS setup failed: {exc}", error_type="ssl")
+    return None

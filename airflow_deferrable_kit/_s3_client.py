@@ -1,21 +1,19 @@
-"""The aiobotocore S3 client behind the S3 wait: settings from an Airflow connection, built off the loop.
+"""aiobotocore behind the S3 wait: connection -> client, botocore's errors -> ours, and botocore's internals.
 
-Building an aiobotocore client is mostly synchronous work: importing botocore (~0.3 s), parsing
-its JSON models (``endpoints.json`` alone is 1.2 MB), reading ``~/.aws`` files and, for the
-default credential chain, asking the instance metadata service. All of it, and the
-assembly of the client itself (~50 ms of CPU), runs in a worker thread
-(one long-lived builder thread), once per shared client; the models are parsed once per process
-into one loader that every client reuses. The event loop only receives the finished client.
+* :func:`resolve_settings` reads an Airflow ``aws`` connection, inside the triggerer, so no
+  secret ever travels in trigger kwargs.
+* :func:`create_client` builds the client off the loop. Building an aiobotocore client is mostly
+  synchronous work: importing botocore (~0.3 s), parsing its JSON models (``endpoints.json``
+  alone is 1.2 MB), reading ``~/.aws`` files and, for the default credential chain, asking the
+  instance metadata service. All of it, and the assembly of the client itself (~50 ms of CPU),
+  runs in one long-lived builder thread, once per shared client; the models are parsed once per
+  process into one loader that every client reuses. The event loop only receives the finished
+  client.
+* :func:`classify_s3_error` is the one place botocore's exceptions become transient or fatal.
+* The last section fences every use of aiobotocore's and botocore's private API, each with why.
 
-Every S3 wait of one connection then polls through one :class:`S3Poller` around that client.
-A HEAD skips botocore's per-request machinery (event hooks, endpoint rules, serialization,
-response parsing), which is most of a poll's CPU: the endpoint botocore's rules give for the
-bucket is resolved once, and each HEAD is signed by botocore's own SigV4 signer and sent through
-the client's own connection pool. Identical listings are shared: waits whose patterns have the
-same literal prefix use one ``ListObjectsV2`` of it, started at most a short window earlier.
-
-Credentials never leave this module: the trigger carries an ``aws_conn_id`` and the secret is
-read here, in the process that makes the requests.
+The client is polled through :class:`airflow_deferrable_kit._s3_poller.S3Poller`, whose HEADs
+and listing pages take the direct path of :mod:`airflow_deferrable_kit._s3_requests`.
 """
 
 from __future__ import annotations
@@ -26,18 +24,19 @@ import dataclasses
 import functools
 import gzip
 import hashlib
-import http.client
 import json
 import logging
 import os
+import sys
 import threading
-import urllib.parse
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 from airflow_deferrable_kit.connections import get_connection, get_extra
-from airflow_deferrable_kit.payload import FatalError
+from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
+
+log = logging.getLogger(__name__)
 
 #: The connection id the official Amazon provider falls back from to the default credential
 #: chain when it is not defined; we do the same for this id only, so a typo elsewhere fails loudly.
@@ -187,6 +186,7 @@ class _GilFriendlyJSONFileLoader:
                 with opener(path, "rb") as handle:
                     text = handle.read().decode("utf-8")
                 decoder = json.JSONDecoder(object_pairs_hook=OrderedDict)
+                # CPython's pure-Python scanner (json.scanner.py_make_scanner, outside its __all__).
                 decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
                 return decoder.decode(text)
         return None
@@ -245,9 +245,8 @@ def _build_client(settings: S3Settings) -> Any:
     async def build() -> Any:
         if not settings.explicit_keys and await session.get_credentials() is None:
             raise NoCredentialsError()
-        # The coroutine behind session.create_client(), which would also enter the client.
-        return await session._create_client(
-            "s3",
+        return await _unentered_client(
+            session,
             region_name=settings.region_name,
             endpoint_url=settings.endpoint_url,
             aws_access_key_id=settings.access_key_id,
@@ -281,373 +280,195 @@ async def create_client(settings: S3Settings) -> Any:
     return await client.__aenter__()
 
 
-# ------------------------------------------------------------------ polling through the shared client
-log = logging.getLogger(__name__)
-
-#: A poll may answer from a listing that started at most this fraction of the wait's poll
-#: interval before the poll did (and at most :data:`LISTING_REUSE_MAX` seconds before).
-LISTING_REUSE_FRACTION: Final = 0.1
-#: The longest time, in seconds, a listing may have started before a poll that uses it.
-LISTING_REUSE_MAX: Final = 1.0
-#: Seconds a bucket's existence, once confirmed, answers for every wait of the connection.
-BUCKET_CHECK_REUSE: Final = 60.0
-#: Statuses handed over to botocore, whose region redirector recognises a bucket that lives in
-#: another region by them (a request signed for the wrong region gets a redirect or a 400).
-_REDIRECT_STATUSES: Final = frozenset({301, 302, 307, 400})
-_SIGNATURE_VERSIONS: Final = (None, "v4", "s3v4")
-
-
-def listing_reuse_window(poll_interval: float) -> float:
-    """How old (from its start) a shared listing may be and still answer a wait's poll.
-
-    An object present when a listing starts is in it, so a wait that uses a listing started at
-    most this long before its own poll sees an object at most one poll interval plus this window
-    after the object appeared.
-    """
-    return min(LISTING_REUSE_MAX, LISTING_REUSE_FRACTION * poll_interval)
-
-
-@dataclasses.dataclass(frozen=True)
-class Listing:
-    """Every object under one prefix, as one paginated ``ListObjectsV2`` saw it, in key order.
-
-    Many waits match their own pattern against one listing. A pattern's literal tail (the text
-    after its last wildcard) picks the candidate keys through an index built once per tail
-    length, so a thousand waits on one prefix do not each scan every key.
-    """
-
-    keys: tuple[str, ...]
-    #: ``(size, etag, last_modified)`` of each key; ``last_modified`` may still be S3's text.
-    details: tuple[tuple[int | None, str | None, Any], ...]
-    _by_tail: dict[int, dict[str, list[int]]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
-
-    def candidates(self, tail: str) -> Sequence[int]:
-        """Indexes, in key order, of the keys that end with ``tail`` (every key for ``""``)."""
-        if not tail:
-            return range(len(self.keys))
-        size = len(tail)
-        index = self._by_tail.get(size)
-        if index is None:
-            index = self._by_tail[size] = {}
-            for position, key in enumerate(self.keys):
-                index.setdefault(key[-size:], []).append(position)
-        return index.get(tail, ())
-
-    def detail(self, index: int) -> tuple[int | None, str | None, Any]:
-        """``(size, etag, last_modified)`` of one key, the time parsed as botocore parses it.
-
-        Parsing a timestamp costs more than the rest of a listed object together, so it is done
-        only for the objects a wait reports.
-        """
-        from botocore.utils import parse_timestamp
-
-        size, etag, modified = self.details[index]
-        return size, etag, parse_timestamp(modified) if isinstance(modified, str) else modified
-
-
-@dataclasses.dataclass
-class _Shared:
-    """One request (or paginated listing) whose answer several waits share."""
-
-    started: float  # loop time at which its first request was about to be sent
-    task: asyncio.Task[Any]
-    waiters: int = 0
-    expiry: asyncio.TimerHandle | None = None
-
-    def failed(self) -> bool:
-        return self.task.done() and (self.task.cancelled() or self.task.exception() is not None)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Route:
-    """Where a bucket's requests go and how they are signed, as botocore's endpoint rules say."""
-
-    base_url: str  # the bucket's URL without a trailing slash: objects are under it
-    region: str
-
-    @property
-    def bucket_url(self) -> str:
-        """The URL bucket-level requests go to (``…/bucket`` path style, ``https://bucket.host/``)."""
-        return self.base_url if urllib.parse.urlsplit(self.base_url).path else self.base_url + "/"
-
-
-_UNRESOLVED: Final = object()
-
-
-class S3Poller:
-    """What every S3 wait of one connection polls through: one per connection per process.
-
-    ``head_object`` and listings return what botocore would parse, or raise the ``ClientError``
-    botocore would raise for the same response, so errors are classified the same way. They skip
-    botocore's per-request machinery, which is most of a poll's CPU: the endpoint (host, path or
-    virtual-host addressing, signing region) comes from botocore's endpoint rules once per
-    bucket, each request is signed by botocore's SigV4 signer with the client's current
-    credentials and sent by the client's own HTTP session (its pool, timeouts, TLS and proxy
-    settings, and its mapping of network errors to botocore's exceptions), and a listing's XML
-    is read with ElementTree directly. Anything else goes through botocore unchanged: a bucket
-    whose rules ask for another signer (S3 Express, multi-region access points), a configured
-    ``signature_version``, and a request answered by a redirect or a bare 400 (a bucket in
-    another region), which botocore's region redirector then follows.
-    """
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self._routes: dict[tuple[str, str], Any] = {}
-        self._shared: dict[tuple[str, ...], _Shared] = {}
-        try:
-            self._user_agent: str | None = client._user_agent_creator.to_string()
-        except AttributeError:
-            self._user_agent = None
-
-    # ---------------------------------------------------------------------------- HEAD
-    async def head_object(self, bucket: str, key: str) -> dict[str, Any] | None:
-        """``ContentLength``, ``ETag`` and ``LastModified`` of an object, as botocore parses them.
-
-        ``None`` when S3 answers 404: the usual answer of a poll, so it builds no exception.
-        """
-        from botocore.utils import parse_timestamp, percent_encode
-
-        route = await self._route("HeadObject", bucket)
-        if route is None:
-            return await self._botocore_head(bucket, key)
-        response = await self._send(route, "HEAD", f"{route.base_url}/{percent_encode(key, safe='/~')}")
-        status, headers = response.status_code, response.headers
-        if status == 404:
-            return None
-        if status < 300:
-            length, modified = headers.get("content-length"), headers.get("last-modified")
-            return {
-                "ContentLength": int(length) if length is not None else None,
-                "ETag": headers.get("etag"),
-                "LastModified": parse_timestamp(modified) if modified is not None else None,
-            }
-        if status in _REDIRECT_STATUSES:
-            self._routes.pop(("HeadObject", bucket), None)  # resolved again, with what botocore learns
-            return await self._botocore_head(bucket, key)
-        raise _client_error(status, headers, b"", "HeadObject")
-
-    async def _botocore_head(self, bucket: str, key: str) -> dict[str, Any] | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            return dict(await self.client.head_object(Bucket=bucket, Key=key))
-        except ClientError as exc:
-            if (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") == 404:
-                return None
-            raise
-
-    async def head_bucket(self, bucket: str) -> Any:
-        """botocore's own ``head_bucket``; a success answers every wait for :data:`BUCKET_CHECK_REUSE` s.
-
-        Waits ask once, on their first 404, so a thousand waits deferred together on one bucket
-        would otherwise send a thousand of these at the same moment.
-        """
-        return await self._share(
-            ("bucket", bucket), BUCKET_CHECK_REUSE, BUCKET_CHECK_REUSE, lambda: self.client.head_bucket(Bucket=bucket)
-        )
-
-    # ------------------------------------------------------------------------- listings
-    async def list_prefix(self, bucket: str, prefix: str, *, max_age: float) -> Listing:
-        """Every object under ``prefix``, from a listing that started at most ``max_age`` s ago.
-
-        A listing of the same ``(bucket, prefix)`` that is in flight or finished, and started
-        within ``max_age`` seconds, is shared instead of sending another: N waits on one prefix
-        cost about one listing per window, not N. A failed listing is never reused: the waits
-        that shared it all get its error, and the next poll lists again.
-        """
-        listing: Listing = await self._share(
-            ("list", bucket, prefix), max_age, LISTING_REUSE_MAX, lambda: self._list(bucket, prefix)
-        )
-        return listing
-
-    async def _list(self, bucket: str, prefix: str) -> Listing:
-        """Page through ``ListObjectsV2`` of ``prefix`` (no delimiter: keys at any depth)."""
-        keys: list[str] = []
-        details: list[tuple[int | None, str | None, Any]] = []
-        token: str | None = None
-        while True:
-            token = await self._list_page(bucket, prefix, token, keys, details)
-            if token is None:
-                return Listing(tuple(keys), tuple(details))
-
-    async def _list_page(
-        self, bucket: str, prefix: str, token: str | None, keys: list[str], details: list[tuple[Any, Any, Any]]
-    ) -> str | None:
-        """Append one page's objects to ``keys``/``details``; return the next page's token, if any."""
-        from botocore.utils import percent_encode_sequence
-
-        route = await self._route("ListObjectsV2", bucket)
-        if route is not None:
-            query = [("list-type", "2"), ("prefix", prefix)]
-            if token is not None:
-                query.append(("continuation-token", token))
-            query.append(("encoding-type", "url"))
-            response = await self._send(route, "GET", f"{route.bucket_url}?{percent_encode_sequence(query)}")
-            status = response.status_code
-            if status < 300:
-                return _read_page(await response.content, keys, details)
-            if status not in _REDIRECT_STATUSES:
-                raise _client_error(status, response.headers, await response.content, "ListObjectsV2")
-            self._routes.pop(("ListObjectsV2", bucket), None)  # resolved again, with what botocore learns
-        request = {"Bucket": bucket, "Prefix": prefix}
-        if token is not None:
-            request["ContinuationToken"] = token
-        page = await self.client.list_objects_v2(**request)
-        for item in page.get("Contents") or ():
-            keys.append(item["Key"])
-            details.append((item.get("Size"), item.get("ETag"), item.get("LastModified")))
-        following = page.get("NextContinuationToken")
-        return following if page.get("IsTruncated") and following else None
-
-    # -------------------------------------------------------------------------- requests
-    async def _route(self, operation_name: str, bucket: str) -> _Route | None:
-        """How requests of ``operation_name`` in ``bucket`` go; ``None``: through botocore's full path.
-
-        Resolved once per operation and bucket, by botocore's endpoint rules (the same answer
-        for every key: the rules do not look at keys or prefixes).
-        """
-        route = self._routes.get((operation_name, bucket), _UNRESOLVED)
-        if route is _UNRESOLVED:
-            route = self._routes[operation_name, bucket] = await self._resolve(operation_name, bucket)
-        return route
-
-    async def _resolve(self, operation_name: str, bucket: str) -> _Route | None:
-        config = self.client.meta.config
-        if getattr(config, "signature_version", None) not in _SIGNATURE_VERSIONS:
-            return None
-        operation = self.client.meta.service_model.operation_model(operation_name)
-        context: dict[str, Any] = {
-            "client_region": self.client.meta.region_name,
-            "client_config": config,
-            "has_streaming_input": False,
-            "auth_type": operation.resolved_auth_type,
-        }
-        resolve = self.client._resolve_endpoint_ruleset
-        try:
-            url, headers, properties = await resolve(operation, {"Bucket": bucket}, context)
-        except Exception:  # botocore's own path reports whatever this is, the usual way
-            log.debug("Endpoint rules did not resolve s3://%s; its requests go through botocore", bucket, exc_info=True)
-            return None
-        scheme = (properties.get("authSchemes") or [{}])[0]
-        signing = context.get("signing") or {}
-        region = signing.get("region") or self.client.meta.region_name
-        if headers or scheme.get("name") != "sigv4" or signing.get("signing_name", "s3") != "s3" or not region:
-            return None
-        return _Route(base_url=url[:-1] if url.endswith("/") else url, region=region)
-
-    async def _send(self, route: _Route, method: str, url: str) -> Any:
-        """Sign a body-less request with botocore's SigV4 signer and send it through the client's pool."""
-        from botocore.awsrequest import AWSRequest
-
-        request = AWSRequest(
-            method=method, url=url, headers={"User-Agent": self._user_agent} if self._user_agent else {}
-        )
-        request.context["client_config"] = self.client.meta.config  # the signer reads S3 payload-signing options
-        auth = await self.client._request_signer.get_auth_instance(
-            signing_name="s3", region_name=route.region, signature_version="s3v4"
-        )
-        auth.add_auth(request)
-        return await self.client._endpoint.http_session.send(request.prepare())
-
-    # ---------------------------------------------------------------------------- sharing
-    async def _share(
-        self, what: tuple[str, ...], max_age: float, keep: float, fetch: Callable[[], Coroutine[Any, Any, Any]]
-    ) -> Any:
-        """The answer of ``fetch()``, shared with every caller of the same ``what``.
-
-        An answer whose request started at most ``max_age`` seconds ago, finished or still in
-        flight, is reused; past that (or after a failure) ``fetch()`` runs again, in its own task
-        so that one caller's cancellation does not fail the others. A good answer is dropped
-        ``keep`` seconds after its start; a failed one at once, after every caller got its error.
-        """
-        loop = asyncio.get_running_loop()
-        entry = self._shared.get(what)
-        if entry is None or loop.time() - entry.started > max_age or entry.failed():
-            entry = _Shared(started=loop.time(), task=loop.create_task(fetch()))
-            self._shared[what] = entry
-            entry.task.add_done_callback(functools.partial(self._settled, what, entry, keep))
-        entry.waiters += 1
-        try:
-            return await asyncio.shield(entry.task)
-        finally:
-            entry.waiters -= 1
-            if not entry.waiters and not entry.task.done():
-                entry.task.cancel()  # every caller that wanted it was cancelled
-
-    def _settled(self, what: tuple[str, ...], entry: _Shared, keep: float, task: asyncio.Task[Any]) -> None:
-        if task.cancelled() or task.exception() is not None:  # retrieving the error marks it seen
-            self._forget(what, entry)
-            return
-        entry.expiry = asyncio.get_running_loop().call_at(entry.started + keep, self._forget, what, entry)
-
-    def _forget(self, what: tuple[str, ...], entry: _Shared) -> None:
-        if self._shared.get(what) is entry:
-            del self._shared[what]
-
-    async def close(self) -> None:
-        """Stop shared requests nobody waits for any more and close the client's pool."""
-        for entry in self._shared.values():
-            entry.task.cancel()
-            if entry.expiry is not None:
-                entry.expiry.cancel()
-        self._shared.clear()
-        await self.client.close()
-
-
-def _local(tag: str) -> str:
-    """An XML tag without its namespace."""
-    return tag.rpartition("}")[2]
-
-
-def _read_page(body: bytes, keys: list[str], details: list[tuple[Any, Any, Any]]) -> str | None:
-    """Append the objects of one ``ListBucketResult`` page; return its continuation token, if any."""
-    from xml.etree import ElementTree
-
-    try:
-        root = ElementTree.fromstring(body)
-    except ElementTree.ParseError as exc:
-        from botocore.parsers import ResponseParserError  # what botocore raises for the same body
-
-        raise ResponseParserError(f"unreadable ListObjectsV2 response ({exc}): {body[:120]!r}") from exc
-    ns = root.tag[: -len(_local(root.tag))]
-    decode = urllib.parse.unquote_plus if root.findtext(f"{ns}EncodingType") == "url" else None
-    for item in root.iterfind(f"{ns}Contents"):
-        key = item.findtext(f"{ns}Key") or ""
-        size = item.findtext(f"{ns}Size")
-        keys.append(decode(key) if decode else key)
-        details.append(
-            (int(size) if size else None, item.findtext(f"{ns}ETag"), item.findtext(f"{ns}LastModified") or None)
-        )
-    token = root.findtext(f"{ns}NextContinuationToken")
-    return token if root.findtext(f"{ns}IsTruncated") == "true" and token else None
-
-
-def _client_error(status: int, headers: Mapping[str, str], body: bytes, operation_name: str) -> Exception:
-    """The ``ClientError`` botocore raises for an S3 error response: the code from the XML body,
-    or, without one (every HEAD error), the HTTP status as the code."""
-    from xml.etree import ElementTree
-
-    from botocore.exceptions import ClientError
-
-    error = {"Code": str(status), "Message": http.client.responses.get(status, "")}
-    metadata: dict[str, Any] = {
-        "RequestId": headers.get("x-amz-request-id", ""),
-        "HostId": headers.get("x-amz-id-2", ""),
+# ------------------------------------------------------------------------- errors -> ours
+#: Error codes meaning "no such object (yet)". HEAD has no body, so S3 reports a bare "404".
+MISSING_CODES: Final = frozenset({"404", "NoSuchKey", "NotFound"})
+THROTTLING_CODES: Final = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "PriorRequestNotComplete",
     }
-    if body:
-        try:
-            root = ElementTree.fromstring(body)
-        except ElementTree.ParseError:
-            root = None
-        if root is not None and _local(root.tag) == "Error":
-            fields = {_local(child.tag): child.text or "" for child in root}
-            metadata["RequestId"] = fields.pop("RequestId", metadata["RequestId"])
-            metadata["HostId"] = fields.pop("HostId", metadata["HostId"])
-            error = {**error, **fields}
-    metadata.update(HTTPStatusCode=status, HTTPHeaders=dict(headers), RetryAttempts=0)
-    return ClientError({"Error": error, "ResponseMetadata": metadata}, operation_name)
+)
+RETRYABLE_CODES: Final = frozenset(
+    {"RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable", "OperationAborted"}
+)
+CREDENTIAL_CODES: Final = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+    }
+)
+ACCESS_CODES: Final = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectState"})
 
 
-async def close_poller(poller: S3Poller) -> None:
-    """Close a poller (the last lease calls this)."""
-    await poller.close()
+def missing_code(exc: Any) -> str | None:
+    """The code of a botocore ``ClientError`` that means "no such object (yet)"; ``None`` otherwise.
+
+    Not an error to classify: what a missing object or bucket means is the wait's to say.
+    """
+    code = str((exc.response.get("Error") or {}).get("Code") or "")
+    return code if code in MISSING_CODES else None
+
+
+def _retry_after(headers: dict[str, Any]) -> float | None:
+    try:
+        return float(headers["retry-after"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def classify_s3_error(exc: BaseException, *, what: str, where: str) -> WaitError | None:
+    """Transient or fatal for botocore's errors; ``None`` if ``exc`` is not one of them.
+
+    ``what`` names the request an error response answered (e.g. ``HEAD s3://b/k``), ``where``
+    the connection, for the errors raised before any response (credentials, TLS, network).
+    botocore is looked up, not imported: if nothing imported it, ``exc`` is none of its errors.
+    """
+    errors = sys.modules.get("botocore.exceptions")
+    if errors is None:
+        return None
+    if isinstance(exc, errors.ClientError):
+        error = exc.response.get("Error") or {}
+        meta = exc.response.get("ResponseMetadata") or {}
+        code = str(error.get("Code") or "")
+        status = int(meta.get("HTTPStatusCode") or (code if code.isdigit() else 0))
+        detail = error.get("Message") or ""
+        seen = f"{what}: {code or status}" + (f" ({detail})" if detail and detail != code else "")
+        if code in THROTTLING_CODES or status in (429, 503):
+            return TransientError(
+                f"throttled, {seen}", retry_after=_retry_after(meta.get("HTTPHeaders") or {}), error_type="throttled"
+            )
+        if status >= 500 or code in RETRYABLE_CODES:
+            return TransientError(f"server error, {seen}", error_type="server_error")
+        if code == "NoSuchBucket":
+            return FatalError(f"{seen}: the bucket does not exist", error_type="bucket_not_found")
+        if code in CREDENTIAL_CODES:
+            return FatalError(
+                f"{seen}: the credentials were rejected; check the connection's keys or session token",
+                error_type="invalid_credentials",
+            )
+        if status == 403 or code in ACCESS_CODES:
+            cause = "access denied"
+            if code == "403":  # a HEAD response has no body, so no error code to tell the causes apart
+                cause = "access denied or credentials rejected (HEAD responses carry no error code)"
+            return FatalError(
+                f"{seen}: {cause}. The identity needs s3:GetObject on the keys and s3:ListBucket on the bucket "
+                "(without ListBucket, S3 answers 403 instead of 404 for a key that does not exist yet)",
+                error_type="access_denied",
+            )
+        return FatalError(f"{seen} (HTTP {status})", error_type="s3_error")
+    if isinstance(exc, (errors.NoCredentialsError, errors.PartialCredentialsError)):
+        return FatalError(
+            f"{where}: no AWS credentials found. Put the access key id and secret in the connection's "
+            "login and password, or give the triggerer an identity the default chain can find",
+            error_type="no_credentials",
+        )
+    if isinstance(exc, (errors.CredentialRetrievalError, errors.TokenRetrievalError)):
+        return FatalError(f"{where}: could not obtain credentials: {exc}", error_type="invalid_credentials")
+    if isinstance(exc, errors.SSLError):
+        return FatalError(f"{where}: TLS error: {exc}", error_type="tls_error")
+    if isinstance(exc, (errors.ConnectionError, errors.HTTPClientError)):
+        return TransientError(f"{where}: {type(exc).__name__}: {exc}", error_type="network")
+    if isinstance(exc, errors.BotoCoreError):
+        return FatalError(f"{where}: {type(exc).__name__}: {exc}", error_type="bad_configuration")
+    return None
+
+
+# ------------------------------------------------------------------ private API, fenced
+# Every use of aiobotocore's or botocore's private API is one of the functions below, and each
+# says why the public API does not do. Checked against aiobotocore 3.10.0 on botocore 1.43.117;
+# re-read them after upgrading either. tests/s3/test_requests.py compares the requests they
+# make with botocore's own, and tests/s3/test_client.py builds clients through them.
+
+#: ``signature_version`` settings under which S3 requests are signed with plain SigV4.
+_SIGV4_SETTINGS: Final = (None, "v4", "s3v4")
+
+
+async def _unentered_client(session: Any, **kwargs: Any) -> Any:
+    """``AioSession._create_client("s3", ...)``: the coroutine behind ``session.create_client()``.
+
+    ``create_client()`` returns a context manager that builds *and enters* the client where it
+    is used; here the client is built in a worker thread, on a private loop (:func:`_build_client`),
+    and entered later on the trigger's loop (:func:`create_client`), so only the building is wanted.
+    """
+    return await session._create_client("s3", **kwargs)
+
+
+def user_agent(client: Any) -> str | None:
+    """The ``User-Agent`` botocore sends for ``client`` (``BaseClient._user_agent_creator``), if any.
+
+    A direct request sends the same one, so S3 (and its access logs) sees the same client;
+    botocore has no public accessor for it.
+    """
+    try:
+        agent: str = client._user_agent_creator.to_string()
+    except AttributeError:
+        return None
+    return agent
+
+
+async def resolve_sigv4_endpoint(client: Any, operation_name: str, bucket: str) -> tuple[str, str] | None:
+    """``(url, signing region)`` for ``operation_name`` in ``bucket`` by botocore's endpoint rules.
+
+    ``None`` when the request is not a plain SigV4 one for ``s3`` (another ``signature_version``,
+    S3 Express, multi-region access points, extra headers) or the rules do not resolve: such
+    requests go through botocore's full path. botocore has no public way to resolve an endpoint
+    without sending a request; ``AioBaseClient._resolve_endpoint_ruleset`` is how it resolves one
+    itself, and it fills ``context["signing"]`` in place. The context has the keys botocore's
+    ``_make_api_call`` gives it.
+    """
+    config = client.meta.config
+    if getattr(config, "signature_version", None) not in _SIGV4_SETTINGS:
+        return None
+    operation = client.meta.service_model.operation_model(operation_name)
+    context: dict[str, Any] = {
+        "client_region": client.meta.region_name,
+        "client_config": config,
+        "has_streaming_input": False,
+        "auth_type": operation.resolved_auth_type,
+    }
+    try:
+        url, headers, properties = await client._resolve_endpoint_ruleset(operation, {"Bucket": bucket}, context)
+    except Exception:  # botocore's own path reports whatever this is, the usual way
+        log.debug("Endpoint rules did not resolve s3://%s; its requests go through botocore", bucket, exc_info=True)
+        return None
+    scheme = (properties.get("authSchemes") or [{}])[0]
+    signing = context.get("signing") or {}
+    region = signing.get("region") or client.meta.region_name
+    if headers or scheme.get("name") != "sigv4" or signing.get("signing_name", "s3") != "s3" or not region:
+        return None
+    return url, region
+
+
+async def send_signed(client: Any, method: str, url: str, *, region: str, agent: str | None) -> Any:
+    """Sign a body-less request with the client's SigV4 signer and send it through the client's pool.
+
+    botocore has no public way to send a request it did not build. ``BaseClient._request_signer``
+    ``.get_auth_instance`` gives the signer with the client's current credentials (refreshed when
+    they expire); ``BaseClient._endpoint.http_session`` is the client's own HTTP session (its pool,
+    timeouts, TLS and proxy settings, and its mapping of network errors to botocore's
+    exceptions). The signer reads S3's payload-signing options from
+    ``request.context["client_config"]``, as it does on botocore's own path.
+    """
+    from botocore.awsrequest import AWSRequest
+
+    request = AWSRequest(method=method, url=url, headers={"User-Agent": agent} if agent else {})
+    request.context["client_config"] = client.meta.config
+    auth = await client._request_signer.get_auth_instance(
+        signing_name="s3", region_name=region, signature_version="s3v4"
+    )
+    auth.add_auth(request)
+    return await client._endpoint.http_session.send(request.prepare())

@@ -16,17 +16,15 @@ json/jsonb column. Without acceptors, any row means success.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import decimal
 import json
 import re
-import ssl
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from airflow_deferrable_kit._postgres_client import close_listener, close_pool, open_pool, start_listener
+from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool
+from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
+from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
 from airflow_deferrable_kit.conditions import (
     MISSING,
     Acceptor,
@@ -40,12 +38,9 @@ from airflow_deferrable_kit.conditions import (
 )
 from airflow_deferrable_kit.payload import (
     ConditionFailed,
-    FatalError,
     Found,
-    PayloadError,
     TransientError,
     WaitError,
-    json_safe,
     truncate_text,
 )
 from airflow_deferrable_kit.triggers.base import PollingTrigger
@@ -197,127 +192,7 @@ def compile_marker_query(
     return sql + " LIMIT 1", args, labels
 
 
-# -------------------------------------------------------------------------- bound values
-_TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "name", "citext", "char"})
-_INT_TYPES = frozenset({"int2", "int4", "int8", "oid"})
-_FLOAT_TYPES = frozenset({"float4", "float8"})
-
-
-def _parse_datetime(value: str, *, aware: bool) -> dt.datetime:
-    moment = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    if aware:
-        return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    return moment
-
-
-def _parse_date(value: str) -> dt.date:
-    try:
-        return dt.date.fromisoformat(value.strip())
-    except ValueError:
-        return dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00")).date()
-
-
-def _coerce_scalar(value: Any, type_name: str) -> Any:
-    """Turn a JSON value into what asyncpg expects for ``type_name`` (e.g. ``"{{ ds }}"`` -> date)."""
-    if isinstance(value, bool):
-        if type_name in _TEXT_TYPES:
-            return "true" if value else "false"
-        return value
-    if isinstance(value, str):
-        if type_name == "date":
-            return _parse_date(value)
-        if type_name in ("timestamp", "timestamptz"):
-            return _parse_datetime(value, aware=type_name == "timestamptz")
-        if type_name in ("time", "timetz"):
-            return dt.time.fromisoformat(value.strip())
-        if type_name == "numeric":
-            return decimal.Decimal(value.strip())
-        if type_name in _INT_TYPES:
-            return int(value.strip())
-        if type_name in _FLOAT_TYPES:
-            return float(value.strip())
-        if type_name == "uuid":
-            return uuid.UUID(value.strip())
-        if type_name == "bool":
-            lowered = value.strip().lower()
-            if lowered in ("true", "t", "yes", "y", "on", "1"):
-                return True
-            if lowered in ("false", "f", "no", "n", "off", "0"):
-                return False
-            raise ValueError("not a boolean")
-        return value
-    if isinstance(value, (int, float)):
-        if type_name in _TEXT_TYPES:
-            return str(value)
-        if type_name == "numeric":
-            return decimal.Decimal(str(value))
-        if type_name in _INT_TYPES and isinstance(value, float) and value.is_integer():
-            return int(value)
-        if type_name in _FLOAT_TYPES:
-            return float(value)
-        if type_name == "interval":
-            return dt.timedelta(seconds=value)
-    return value
-
-
-def coerce_arguments(values: Sequence[Any], types: Sequence[Any], labels: Sequence[str]) -> list[Any]:
-    """Convert bound values to the types the server inferred for ``$1..$n``.
-
-    Trigger kwargs are JSON, so a date arrives as ``"2024-01-31"``; asyncpg wants a ``date``.
-    A value that cannot be converted is a fatal error naming the argument.
-    """
-    if len(values) != len(types):
-        raise FatalError(
-            f"the query has {len(types)} placeholder(s) ($1..${len(types)}) but {len(values)} value(s) were given",
-            error_type="bad_parameters",
-        )
-    out = []
-    for value, typ, label in zip(values, types, labels, strict=True):
-        try:
-            if value is None or typ.name in ("json", "jsonb"):
-                out.append(value)
-            elif typ.kind == "array" and isinstance(value, list):
-                element = typ.name.removesuffix("[]").removeprefix("_")
-                out.append([None if item is None else _coerce_scalar(item, element) for item in value])
-            else:
-                out.append(_coerce_scalar(value, typ.name))
-        except (ValueError, ArithmeticError) as exc:
-            raise FatalError(
-                f"{label}={value!r} is not a valid {typ.name} value: {exc}", error_type="bad_parameters"
-            ) from exc
-    return out
-
-
 # ------------------------------------------------------------------------------ the row
-def _cell(value: Any) -> Any:
-    """A JSON-safe form of one column value (ranges as objects, inet and the like as text)."""
-    if isinstance(value, dict):
-        return {str(k): _cell(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):  # arrays, and geometric types (tuples of points)
-        return [_cell(v) for v in value]
-    if hasattr(value, "isempty") and hasattr(value, "lower_inc"):  # asyncpg.Range
-        return {
-            "lower": _cell(value.lower),
-            "upper": _cell(value.upper),
-            "lower_inc": value.lower_inc,
-            "upper_inc": value.upper_inc,
-            "empty": value.isempty,
-        }
-    if hasattr(value, "as_string"):  # asyncpg.BitString
-        return str(value.as_string())
-    try:
-        return json_safe(value)
-    except PayloadError:
-        return str(value)  # ipaddress objects and anything else with a faithful text form
-
-
-def row_document(record: Any) -> dict[str, Any]:
-    """The row as a JSON object: timestamps ISO 8601, Decimal/UUID strings, bytes base64."""
-    return {str(key): _cell(value) for key, value in record.items()}
-
-
 def cap_row(row: dict[str, Any], *, limit: int = ROW_LIMIT_BYTES) -> tuple[dict[str, Any], list[str], list[str]]:
     """Fit the row into ``limit`` bytes of JSON: cut long values, then drop trailing columns."""
 
@@ -350,81 +225,6 @@ def value_in_row(row: dict[str, Any], acceptor: Acceptor) -> Any:
     return lookup(row, acceptor.argument or "")
 
 
-# -------------------------------------------------------------------------- classification
-_TRANSIENT_CLASSES = {
-    "08": "connection",
-    "40": "transaction_rollback",
-    "53": "insufficient_resources",
-    "57": "server_unavailable",
-    "58": "system_error",
-}
-_TRANSIENT_STATES = {
-    "40001": "serialization_failure",
-    "40P01": "deadlock",
-    "53300": "too_many_connections",
-    "57014": "query_canceled",
-    "57P01": "server_restarting",
-    "57P02": "server_restarting",
-    "57P03": "server_restarting",
-    "55P03": "lock_not_available",
-    "55006": "object_in_use",
-    "25P03": "idle_in_transaction_timeout",
-}
-_FATAL_STATES = {
-    "42601": "syntax_error",
-    "42P01": "undefined_table",
-    "42703": "undefined_column",
-    "42883": "undefined_function",
-    "42501": "permission_denied",
-    "28P01": "authentication_failed",
-    "28000": "authentication_failed",
-    "3D000": "unknown_database",
-    "3F000": "unknown_schema",
-    "25006": "read_only",
-}
-_FATAL_CLASSES = {"42": "sql_error", "22": "data_error", "28": "authentication_failed"}
-
-
-def classify_postgres_error(exc: BaseException) -> WaitError | None:
-    """Transient or fatal for asyncpg's errors; ``None`` if ``exc`` is not one of them."""
-    import asyncpg
-
-    if isinstance(exc, asyncpg.PostgresError):
-        state = str(getattr(exc, "sqlstate", "") or "")
-        message = f"{type(exc).__name__} (SQLSTATE {state}): {exc}"
-        if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
-            return TransientError(message, error_type="schema_changed")
-        if state in _TRANSIENT_STATES or state[:2] in _TRANSIENT_CLASSES:
-            return TransientError(message, error_type=_TRANSIENT_STATES.get(state) or _TRANSIENT_CLASSES[state[:2]])
-        if state == "25006":
-            message += " (waits run in read-only sessions: the query must not write)"
-        if "invalid input for query argument" in str(exc):
-            return FatalError(f"a bound value does not fit its placeholder: {exc}", error_type="bad_parameters")
-        error_type = _FATAL_STATES.get(state) or _FATAL_CLASSES.get(state[:2], "postgres_error")
-        return FatalError(message, error_type=error_type)
-    if isinstance(exc, asyncpg.ClientConfigurationError):
-        return FatalError(f"bad connection settings: {exc}", error_type="bad_connection_config")
-    if isinstance(exc, asyncpg.InterfaceError):
-        text = str(exc)
-        if "closed" in text or "pool is closing" in text or "another operation is in progress" in text:
-            return TransientError(f"{type(exc).__name__}: {text}", error_type="connection")
-        return FatalError(f"{type(exc).__name__}: {text}", error_type="client_error")
-    if isinstance(exc, asyncpg.exceptions.OutdatedSchemaCacheError):
-        return TransientError(f"{type(exc).__name__}: {exc}", error_type="schema_changed")
-    if isinstance(exc, asyncpg.exceptions.ProtocolError):
-        return FatalError(f"{type(exc).__name__}: {exc}", error_type="protocol_error")
-    if isinstance(exc, asyncpg.exceptions.InternalClientError):
-        # E.g. "cannot switch to state 12; another operation (2) is in progress": the server
-        # sent an unsolicited error (shutdown) and the connection is being torn down.
-        return TransientError(f"{type(exc).__name__}: {exc}", error_type="connection")
-    if isinstance(exc, ssl.SSLCertVerificationError) or (
-        isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc)
-    ):
-        return FatalError(f"TLS setup failed: {exc}", error_type="ssl")
-    return None
-
-
-# --------------------------------------------------------------------------- wake-ups
 # ------------------------------------------------------------------------------ trigger
 class PostgresBatchMarkerTrigger(PollingTrigger):
     """Poll one read-only query until its first row satisfies the acceptors.
@@ -617,8 +417,6 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         return Found(data)
 
     def classify_error(self, exc: Exception) -> WaitError:
-        if isinstance(exc, WaitError):
-            return exc
         return classify_postgres_error(exc) or super().classify_error(exc)
 
     # ------------------------------------------------------------- LISTEN/NOTIFY wake-ups

@@ -13,58 +13,25 @@ import dataclasses
 import fnmatch
 import json
 import re
-import sys
 from collections.abc import Awaitable, Iterable
 from typing import Any, Final
 
 from airflow_deferrable_kit._s3_client import (
-    Listing,
-    S3Poller,
     S3Settings,
-    close_poller,
+    classify_s3_error,
     create_client,
-    listing_reuse_window,
+    missing_code,
     resolve_settings,
 )
+from airflow_deferrable_kit._s3_poller import Listing, S3Poller, close_poller, listing_reuse_window
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, WaitError
-from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger, TransientError
+from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger
 
 #: At most this many matched objects are described in the payload; the rest are only counted.
 MAX_LISTED_KEYS: Final = 100
 #: Bytes of serialized object descriptions allowed in one payload (room left for the envelope).
 KEYS_BYTE_BUDGET: Final = MAX_PAYLOAD_BYTES - 4096
 
-#: Error codes meaning "no such object (yet)". HEAD has no body, so S3 reports a bare "404".
-MISSING_CODES: Final = frozenset({"404", "NoSuchKey", "NotFound"})
-THROTTLING_CODES: Final = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-        "PriorRequestNotComplete",
-    }
-)
-RETRYABLE_CODES: Final = frozenset(
-    {"RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable", "OperationAborted"}
-)
-CREDENTIAL_CODES: Final = frozenset(
-    {
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-        "TokenRefreshRequired",
-        "InvalidClientTokenId",
-        "UnrecognizedClientException",
-    }
-)
-ACCESS_CODES: Final = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectState"})
 _WILDCARD = re.compile(r"[*?\[]")
 #: Characters that may be part of a wildcard; whatever follows the last of them is literal.
 _WILDCARD_PART = re.compile(r"[*?\[\]]")
@@ -178,46 +145,6 @@ def keys_payload(objects: Iterable[dict[str, Any]], total: int) -> dict[str, Any
     return {"keys": listed, "keys_not_listed": total - len(listed)}
 
 
-def _retry_after(headers: dict[str, Any]) -> float | None:
-    try:
-        return float(headers["retry-after"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def classify_client_error(exc: Any, what: str) -> WaitError:
-    """Map a botocore ``ClientError`` from ``what`` (e.g. ``HEAD s3://b/k``) to transient or fatal."""
-    error = exc.response.get("Error") or {}
-    meta = exc.response.get("ResponseMetadata") or {}
-    code = str(error.get("Code") or "")
-    status = int(meta.get("HTTPStatusCode") or (code if code.isdigit() else 0))
-    detail = error.get("Message") or ""
-    seen = f"{what}: {code or status}" + (f" ({detail})" if detail and detail != code else "")
-    if code in THROTTLING_CODES or status in (429, 503):
-        return TransientError(
-            f"throttled, {seen}", retry_after=_retry_after(meta.get("HTTPHeaders") or {}), error_type="throttled"
-        )
-    if status >= 500 or code in RETRYABLE_CODES:
-        return TransientError(f"server error, {seen}", error_type="server_error")
-    if code == "NoSuchBucket":
-        return FatalError(f"{seen}: the bucket does not exist", error_type="bucket_not_found")
-    if code in CREDENTIAL_CODES:
-        return FatalError(
-            f"{seen}: the credentials were rejected; check the connection's keys or session token",
-            error_type="invalid_credentials",
-        )
-    if status == 403 or code in ACCESS_CODES:
-        cause = "access denied"
-        if code == "403":  # a HEAD response has no body, so no error code to tell the causes apart
-            cause = "access denied or credentials rejected (HEAD responses carry no error code)"
-        return FatalError(
-            f"{seen}: {cause}. The identity needs s3:GetObject on the keys and s3:ListBucket on the bucket "
-            "(without ListBucket, S3 answers 403 instead of 404 for a key that does not exist yet)",
-            error_type="access_denied",
-        )
-    return FatalError(f"{seen} (HTTP {status})", error_type="s3_error")
-
-
 class S3KeyTrigger(PollingTrigger):
     """Fire when every key (or wildcard pattern) in ``bucket_key`` exists in S3.
 
@@ -295,9 +222,12 @@ class S3KeyTrigger(PollingTrigger):
         try:
             return await request
         except ClientError as exc:
-            if _is_missing(exc):
+            if missing_code(exc) is not None:
                 raise
-            raise classify_client_error(exc, what) from exc
+            error = classify_s3_error(exc, what=what, where=self._where())
+            if error is None:  # not reached: every ClientError is classified
+                raise
+            raise error from exc
 
     async def _check_keys(self, client: S3Poller) -> Found | None:
         # Start from the key that was missing last time: it is the one most likely still missing,
@@ -332,9 +262,9 @@ class S3KeyTrigger(PollingTrigger):
             return
         try:
             await self._call(f"HEAD bucket s3://{bucket}", client.head_bucket(bucket))
-        except ClientError as exc:
+        except ClientError as exc:  # only a "missing" answer gets here unclassified
             raise FatalError(
-                f"s3://{bucket}: the bucket does not exist (HEAD bucket: {exc.response.get('Error', {}).get('Code')})",
+                f"s3://{bucket}: the bucket does not exist (HEAD bucket: {missing_code(exc)})",
                 error_type="bucket_not_found",
             ) from exc
         except FatalError as exc:
@@ -377,27 +307,11 @@ class S3KeyTrigger(PollingTrigger):
 
     # ---------------------------------------------------------------------------- errors
     def classify_error(self, exc: Exception) -> WaitError:
-        botocore_errors = sys.modules.get("botocore.exceptions")
-        if botocore_errors is None or isinstance(exc, WaitError):
-            return super().classify_error(exc)
-        where = self._settings.describe() if self._settings is not None else f"aws_conn_id={self.aws_conn_id!r}"
-        if isinstance(exc, botocore_errors.ClientError):
-            return classify_client_error(exc, self.describe())
-        if isinstance(exc, (botocore_errors.NoCredentialsError, botocore_errors.PartialCredentialsError)):
-            return FatalError(
-                f"{where}: no AWS credentials found. Put the access key id and secret in the connection's "
-                "login and password, or give the triggerer an identity the default chain can find",
-                error_type="no_credentials",
-            )
-        if isinstance(exc, (botocore_errors.CredentialRetrievalError, botocore_errors.TokenRetrievalError)):
-            return FatalError(f"{where}: could not obtain credentials: {exc}", error_type="invalid_credentials")
-        if isinstance(exc, botocore_errors.SSLError):
-            return FatalError(f"{where}: TLS error: {exc}", error_type="tls_error")
-        if isinstance(exc, (botocore_errors.ConnectionError, botocore_errors.HTTPClientError)):
-            return TransientError(f"{where}: {type(exc).__name__}: {exc}", error_type="network")
-        if isinstance(exc, botocore_errors.BotoCoreError):
-            return FatalError(f"{where}: {type(exc).__name__}: {exc}", error_type="bad_configuration")
-        return super().classify_error(exc)
+        return classify_s3_error(exc, what=self.describe(), where=self._where()) or super().classify_error(exc)
+
+    def _where(self) -> str:
+        """The connection, for errors raised before S3 answered."""
+        return self._settings.describe() if self._settings is not None else f"aws_conn_id={self.aws_conn_id!r}"
 
 
 async def _open_poller(settings: S3Settings) -> S3Poller:
@@ -405,9 +319,4 @@ async def _open_poller(settings: S3Settings) -> S3Poller:
     return S3Poller(await create_client(settings))
 
 
-def _is_missing(exc: Any) -> bool:
-    error = exc.response.get("Error") or {}
-    return str(error.get("Code") or "") in MISSING_CODES
-
-
-__all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "classify_client_error", "keys_payload", "resolve_targets"]
+__all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "keys_payload", "resolve_targets"]

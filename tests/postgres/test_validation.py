@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import json
-import uuid
-from types import SimpleNamespace
 from typing import Any
 
-import asyncpg
 import pytest
 
-from airflow_deferrable_kit._postgres_client import options_from_connection, parse_options
-from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, FatalError, TransientError, build_payload
+from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, build_payload
 from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
 from airflow_deferrable_kit.triggers.postgres import (
     PostgresBatchMarkerTrigger,
     cap_row,
-    coerce_arguments,
     compile_marker_query,
 )
 
@@ -175,96 +168,6 @@ def test_declarative_status_becomes_acceptors_ahead_of_user_ones() -> None:
     ]
 
 
-def test_parse_options_reads_libpq_style_settings() -> None:
-    assert parse_options("-c search_path=etl,public -cstatement_timeout=5000 --lock-timeout=2s", conn_id="c") == {
-        "search_path": "etl,public",
-        "statement_timeout": "5000",
-        "lock_timeout": "2s",
-    }
-    with pytest.raises(FatalError, match="options"):
-        parse_options("-x nonsense", conn_id="c")
-
-
-def _conn(**fields: Any) -> Any:
-    base = {"host": "db.internal", "port": 6432, "login": "etl", "password": "pw-123456", "schema": "warehouse"}
-    return SimpleNamespace(**{**base, **fields})
-
-
-def test_connection_maps_to_asyncpg_arguments() -> None:
-    options = options_from_connection(
-        "wh",
-        _conn(),
-        {
-            "sslmode": "verify-full",
-            "sslrootcert": "/etc/ssl/root.crt",
-            "options": "-c search_path=etl",
-            "application_name": "my-triggerer",
-            "pool_max_size": "2",
-            "connect_timeout": 3,
-        },
-    )
-    assert options.pool_max_size == 2
-    kwargs = options.kwargs
-    assert (kwargs["host"], kwargs["port"], kwargs["user"], kwargs["database"]) == (
-        "db.internal",
-        6432,
-        "etl",
-        "warehouse",
-    )
-    assert kwargs["password"] == "pw-123456"
-    assert kwargs["ssl"] == "verify-full"
-    assert kwargs["dsn"] == "postgresql://?sslrootcert=%2Fetc%2Fssl%2Froot.crt"
-    assert kwargs["timeout"] == 3.0
-    assert kwargs["server_settings"] == {
-        "application_name": "my-triggerer",
-        "default_transaction_read_only": "on",
-        "search_path": "etl",
-    }
-    assert "pw-123456" not in repr(options)
-    assert options_from_connection("wh", _conn(), {}).pool_max_size == 4
-
-
-@pytest.mark.parametrize(
-    ("extra", "named"),
-    [
-        ({"sslmode": "sometimes"}, "sslmode"),
-        ({"pool_max_size": 0}, "pool_max_size"),
-        ({"pool_max_size": "many"}, "pool_max_size"),
-        ({"iam": True}, "IAM"),
-        ({"connect_timeout": "soon"}, "connect_timeout"),
-    ],
-)
-def test_bad_connection_extras_are_fatal_and_named(extra: dict[str, Any], named: str) -> None:
-    with pytest.raises(FatalError, match=named) as raised:
-        options_from_connection("wh", _conn(), extra)
-    assert raised.value.error_type == "bad_connection"
-
-
-def _types(*names: str) -> list[Any]:
-    return [SimpleNamespace(name=n, kind="array" if n.endswith("[]") else "scalar") for n in names]
-
-
-def test_bound_values_are_converted_to_the_placeholder_types() -> None:
-    values = ["2024-01-31", "2024-01-31T10:00:00+02:00", "2024-01-31T10:00:00", "1.50", 7, "42", str(uuid.UUID(int=1))]
-    types = _types("date", "timestamptz", "timestamp", "numeric", "text", "int8", "uuid")
-    out = coerce_arguments(values, types, [f"p{i}" for i in range(len(values))])
-    assert out == [
-        dt.date(2024, 1, 31),
-        dt.datetime(2024, 1, 31, 10, tzinfo=dt.timezone(dt.timedelta(hours=2))),
-        dt.datetime(2024, 1, 31, 10),
-        decimal.Decimal("1.50"),
-        "7",
-        42,
-        uuid.UUID(int=1),
-    ]
-    assert coerce_arguments([["1", "2"]], _types("int4[]"), ["ids"]) == [[1, 2]]
-    with pytest.raises(FatalError, match=r"match\['day'\]='soon' is not a valid date") as raised:
-        coerce_arguments(["soon"], _types("date"), ["match['day']"])
-    assert raised.value.error_type == "bad_configuration"
-    with pytest.raises(FatalError, match="2 placeholder"):
-        coerce_arguments([1], _types("int4", "int4"), ["a"])
-
-
 def test_a_huge_row_is_capped_to_fit_the_payload() -> None:
     row = {"id": 1, "blob": "x" * 200_000, **{f"c{i}": "y" * 1500 for i in range(40)}}
     capped, truncated, omitted = cap_row(row)
@@ -275,39 +178,6 @@ def test_a_huge_row_is_capped_to_fit_the_payload() -> None:
     assert len(json.dumps(payload)) < MAX_PAYLOAD_BYTES
     small = {"id": 1, "status": "done"}
     assert cap_row(small) == (small, [], [])
-
-
-@pytest.mark.parametrize(
-    ("error", "kind", "error_type"),
-    [
-        (asyncpg.exceptions.SerializationError("could not serialize"), TransientError, "serialization_failure"),
-        (asyncpg.exceptions.DeadlockDetectedError("deadlock"), TransientError, "deadlock"),
-        (asyncpg.exceptions.TooManyConnectionsError("too many"), TransientError, "too_many_connections"),
-        (asyncpg.exceptions.AdminShutdownError("terminating"), TransientError, "server_restarting"),
-        (asyncpg.exceptions.CannotConnectNowError("starting up"), TransientError, "server_restarting"),
-        (asyncpg.exceptions.ConnectionDoesNotExistError("closed mid-query"), TransientError, "connection"),
-        (asyncpg.exceptions.DiskFullError("disk full"), TransientError, "insufficient_resources"),
-        (asyncpg.exceptions.InterfaceError("cannot call fetch(): connection is closed"), TransientError, "connection"),
-        (
-            asyncpg.exceptions.InternalClientError("cannot switch to state 12; another operation (2) is in progress"),
-            TransientError,
-            "connection",
-        ),
-        (asyncpg.exceptions.PostgresSyntaxError("syntax"), FatalError, "syntax_error"),
-        (asyncpg.exceptions.UndefinedTableError("no table"), FatalError, "undefined_table"),
-        (asyncpg.exceptions.UndefinedColumnError("no column"), FatalError, "undefined_column"),
-        (asyncpg.exceptions.InsufficientPrivilegeError("denied"), FatalError, "permission_denied"),
-        (asyncpg.exceptions.InvalidPasswordError("bad password"), FatalError, "authentication_failed"),
-        (asyncpg.exceptions.InvalidCatalogNameError("no db"), FatalError, "unknown_database"),
-        (asyncpg.exceptions.DivisionByZeroError("1/0"), FatalError, "data_error"),
-        (asyncpg.exceptions.ProtocolError("garbage"), FatalError, "protocol_error"),
-        (asyncpg.exceptions.ClientConfigurationError("bad sslmode"), FatalError, "bad_connection_config"),
-        (ConnectionRefusedError(111, "refused"), TransientError, "network"),
-    ],
-)
-def test_errors_are_classified(error: Exception, kind: type, error_type: str) -> None:
-    classified = PostgresBatchMarkerTrigger(table="m").classify_error(error)
-    assert type(classified) is kind and classified.error_type == error_type
 
 
 def test_missing_asyncpg_is_a_clear_error_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.payload import FatalError, TransientError
 from airflow_deferrable_kit.testing import run_trigger_payload, watch_blocking
 from airflow_deferrable_kit.triggers import s3 as s3_triggers
-from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger, classify_client_error
+from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
 from scripts import services
 from scripts.services import free_port
 from tests.s3.conftest import SECRET, put_many
@@ -180,14 +180,15 @@ def client_error(code: str, status: int, op: str = "HeadObject", headers: dict[s
     ],
 )
 def test_client_errors_are_classified(code: str, status: int, kind: type, error_type: str) -> None:
-    error = classify_client_error(client_error(code, status), "HEAD s3://b/k")
+    error = _s3_client.classify_s3_error(client_error(code, status), what="HEAD s3://b/k", where="aws_conn_id='c'")
     assert type(error) is kind
     assert error.error_type == error_type
     assert "HEAD s3://b/k" in error.message
 
 
 def test_retry_after_is_honoured() -> None:
-    error = classify_client_error(client_error("SlowDown", 503, headers={"retry-after": "2"}), "LIST s3://b/")
+    slow_down = client_error("SlowDown", 503, headers={"retry-after": "2"})
+    error = _s3_client.classify_s3_error(slow_down, what="LIST s3://b/", where="aws_conn_id='c'")
     assert isinstance(error, TransientError) and error.retry_after == 2.0
 
 
@@ -198,6 +199,12 @@ def test_botocore_errors_are_classified() -> None:
     assert trigger.classify_error(NoCredentialsError()).error_type == "authentication"
     assert trigger.classify_error(SSLError(endpoint_url="http://x", error="bad cert")).error_type == "tls"
     assert trigger.classify_error(client_error("AccessDenied", 403)).error_type == "authorization"
+
+
+def test_our_own_errors_and_other_exceptions_are_left_to_the_base_trigger() -> None:
+    assert _s3_client.classify_s3_error(ValueError("not botocore's"), what="HEAD s3://b/k", where="c") is None
+    ours = FatalError("s3://b: the bucket does not exist", error_type="not_found")
+    assert S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id="c").classify_error(ours) is ours
 
 
 # ------------------------------------------------------------------ connections, live
