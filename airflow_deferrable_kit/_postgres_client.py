@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit.connections import get_connection, get_extra
+from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class ConnectOptions:
 
 
 def _bad(conn_id: str, message: str) -> FatalError:
-    return FatalError(f"postgres_conn_id={conn_id!r}: {message}", error_type="bad_connection_config")
+    return FatalError(f"postgres_conn_id={conn_id!r}: {message}", error_type=ErrorType.BAD_CONNECTION)
 
 
 def parse_options(options: str, *, conn_id: str) -> dict[str, str]:
@@ -189,40 +190,47 @@ async def close_pool(pool: asyncpg.Pool) -> None:
 
 
 # ---------------------------------------------------------------------- errors -> ours
-#: SQLSTATE classes and codes (PostgreSQL's appendix A) that a later poll may well not meet.
-_TRANSIENT_CLASSES = {
-    "08": "connection",
-    "40": "transaction_rollback",
-    "53": "insufficient_resources",
-    "57": "server_unavailable",
-    "58": "system_error",
+#: SQLSTATE classes and codes (PostgreSQL's appendix A) that a later poll may well not meet,
+#: with the condition's name (kept in the error's details) and the vocabulary's type.
+_NETWORK, _UNAVAILABLE = ErrorType.NETWORK, ErrorType.UNAVAILABLE
+_TRANSIENT_CLASSES: dict[str, tuple[str, ErrorType]] = {
+    "08": ("connection_exception", _NETWORK),
+    "40": ("transaction_rollback", _UNAVAILABLE),
+    "53": ("insufficient_resources", _UNAVAILABLE),
+    "57": ("server_unavailable", _UNAVAILABLE),
+    "58": ("system_error", _UNAVAILABLE),
 }
-_TRANSIENT_STATES = {
-    "40001": "serialization_failure",
-    "40P01": "deadlock",
-    "53300": "too_many_connections",
-    "57014": "query_canceled",
-    "57P01": "server_restarting",
-    "57P02": "server_restarting",
-    "57P03": "server_restarting",
-    "55P03": "lock_not_available",
-    "55006": "object_in_use",
-    "25P03": "idle_in_transaction_timeout",
+_TRANSIENT_STATES: dict[str, tuple[str, ErrorType]] = {
+    "40001": ("serialization_failure", _UNAVAILABLE),
+    "40P01": ("deadlock", _UNAVAILABLE),
+    "53300": ("too_many_connections", _UNAVAILABLE),
+    "57014": ("query_canceled", _UNAVAILABLE),
+    "57P01": ("server_restarting", _UNAVAILABLE),
+    "57P02": ("server_restarting", _UNAVAILABLE),
+    "57P03": ("server_restarting", _UNAVAILABLE),
+    "55P03": ("lock_not_available", _UNAVAILABLE),
+    "55006": ("object_in_use", _UNAVAILABLE),
+    "25P03": ("idle_in_transaction_timeout", _UNAVAILABLE),
 }
 #: SQLSTATEs that no retry will change: the query, the schema or the credentials are wrong.
-_FATAL_STATES = {
-    "42601": "syntax_error",
-    "42P01": "undefined_table",
-    "42703": "undefined_column",
-    "42883": "undefined_function",
-    "42501": "permission_denied",
-    "28P01": "authentication_failed",
-    "28000": "authentication_failed",
-    "3D000": "unknown_database",
-    "3F000": "unknown_schema",
-    "25006": "read_only",
+_FATAL_STATES: dict[str, tuple[str, ErrorType]] = {
+    "42601": ("syntax_error", ErrorType.BAD_REQUEST),
+    "42P01": ("undefined_table", ErrorType.NOT_FOUND),
+    "42703": ("undefined_column", ErrorType.BAD_REQUEST),
+    "42883": ("undefined_function", ErrorType.BAD_REQUEST),
+    "42501": ("permission_denied", ErrorType.AUTHORIZATION),
+    "28P01": ("authentication_failed", ErrorType.AUTHENTICATION),
+    "28000": ("authentication_failed", ErrorType.AUTHENTICATION),
+    "3D000": ("unknown_database", ErrorType.NOT_FOUND),
+    "3F000": ("unknown_schema", ErrorType.NOT_FOUND),
+    "25006": ("read_only", ErrorType.BAD_REQUEST),
 }
-_FATAL_CLASSES = {"42": "sql_error", "22": "data_error", "28": "authentication_failed"}
+_FATAL_CLASSES: dict[str, tuple[str, ErrorType]] = {
+    "42": ("sql_error", ErrorType.BAD_REQUEST),
+    "22": ("data_error", ErrorType.BAD_REQUEST),
+    "28": ("authentication_failed", ErrorType.AUTHENTICATION),
+}
+_OTHER_SERVER_ERROR = ("postgres_error", ErrorType.BAD_REQUEST)
 
 
 def classify_postgres_error(exc: BaseException) -> WaitError | None:
@@ -240,34 +248,38 @@ def classify_postgres_error(exc: BaseException) -> WaitError | None:
         state = str(getattr(exc, "sqlstate", "") or "")
         message = f"{type(exc).__name__} (SQLSTATE {state}): {exc}"
         if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
-            return TransientError(message, error_type="schema_changed")
-        if state in _TRANSIENT_STATES or state[:2] in _TRANSIENT_CLASSES:
-            return TransientError(message, error_type=_TRANSIENT_STATES.get(state) or _TRANSIENT_CLASSES[state[:2]])
+            return TransientError(message, error_type=_UNAVAILABLE, details={"sqlstate": state})
+        transient = _TRANSIENT_STATES.get(state) or _TRANSIENT_CLASSES.get(state[:2])
+        if transient is not None:
+            condition, error_type = transient
+            return TransientError(message, error_type=error_type, details={"sqlstate": state, "condition": condition})
         if state == "25006":
             message += " (waits run in read-only sessions: the query must not write)"
         if "invalid input for query argument" in str(exc):  # asyncpg's text when its codec refuses a value
-            return FatalError(f"a bound value does not fit its placeholder: {exc}", error_type="bad_parameters")
-        error_type = _FATAL_STATES.get(state) or _FATAL_CLASSES.get(state[:2], "postgres_error")
-        return FatalError(message, error_type=error_type)
+            return FatalError(
+                f"a bound value does not fit its placeholder: {exc}", error_type=ErrorType.BAD_CONFIGURATION
+            )
+        condition, error_type = _FATAL_STATES.get(state) or _FATAL_CLASSES.get(state[:2], _OTHER_SERVER_ERROR)
+        return FatalError(message, error_type=error_type, details={"sqlstate": state, "condition": condition})
     if isinstance(exc, asyncpg.ClientConfigurationError):
-        return FatalError(f"bad connection settings: {exc}", error_type="bad_connection_config")
+        return FatalError(f"bad connection settings: {exc}", error_type=ErrorType.BAD_CONNECTION)
     if isinstance(exc, asyncpg.InterfaceError):
         text = str(exc)
         # asyncpg's texts for a connection (or pool) that is gone or being torn down.
         if "closed" in text or "pool is closing" in text or "another operation is in progress" in text:
-            return TransientError(f"{type(exc).__name__}: {text}", error_type="connection")
-        return FatalError(f"{type(exc).__name__}: {text}", error_type="client_error")
+            return TransientError(f"{type(exc).__name__}: {text}", error_type=_NETWORK)
+        return FatalError(f"{type(exc).__name__}: {text}", error_type=ErrorType.INTERNAL)
     if isinstance(exc, asyncpg.exceptions.OutdatedSchemaCacheError):
-        return TransientError(f"{type(exc).__name__}: {exc}", error_type="schema_changed")
+        return TransientError(f"{type(exc).__name__}: {exc}", error_type=_UNAVAILABLE)
     if isinstance(exc, asyncpg.exceptions.ProtocolError):
-        return FatalError(f"{type(exc).__name__}: {exc}", error_type="protocol_error")
+        return FatalError(f"{type(exc).__name__}: {exc}", error_type=ErrorType.PROTOCOL)
     if isinstance(exc, asyncpg.exceptions.InternalClientError):
         # E.g. "cannot switch to state 12; another operation (2) is in progress": the server
         # sent an unsolicited error (shutdown) and the connection is being torn down.
-        return TransientError(f"{type(exc).__name__}: {exc}", error_type="connection")
+        return TransientError(f"{type(exc).__name__}: {exc}", error_type=_NETWORK)
     if isinstance(exc, ssl.SSLCertVerificationError) or (
         # asyncpg's text when TLS is required and the server will not speak it.
         isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc)
     ):
-        return FatalError(f"TLS setup failed: {exc}", error_type="ssl")
+        return FatalError(f"TLS setup failed: {exc}", error_type=ErrorType.TLS)
     return None

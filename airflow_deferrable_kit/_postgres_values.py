@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import FatalError, PayloadError, json_safe
 
 # ---------------------------------------------------------------------------- values in
@@ -92,7 +93,7 @@ def coerce_arguments(values: Sequence[Any], types: Sequence[Any], labels: Sequen
     if len(values) != len(types):
         raise FatalError(
             f"the query has {len(types)} placeholder(s) ($1..${len(types)}) but {len(values)} value(s) were given",
-            error_type="bad_parameters",
+            error_type=ErrorType.BAD_CONFIGURATION,
         )
     out = []
     for value, typ, label in zip(values, types, labels, strict=True):
@@ -106,7 +107,7 @@ def coerce_arguments(values: Sequence[Any], types: Sequence[Any], labels: Sequen
                 out.append(_coerce_scalar(value, typ.name))
         except (ValueError, ArithmeticError) as exc:
             raise FatalError(
-                f"{label}={value!r} is not a valid {typ.name} value: {exc}", error_type="bad_parameters"
+                f"{label}={value!r} is not a valid {typ.name} value: {exc}", error_type=ErrorType.BAD_CONFIGURATION
             ) from exc
     return out
 

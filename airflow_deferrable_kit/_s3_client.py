@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from airflow_deferrable_kit.connections import get_connection, get_extra
+from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def _optional_str(extra: Mapping[str, Any], name: str, conn_id: str) -> str | No
     if not isinstance(value, str):
         raise FatalError(
             f"aws_conn_id={conn_id!r}: extra field {name!r} must be a string, got {type(value).__name__}",
-            error_type="bad_connection",
+            error_type=ErrorType.BAD_CONNECTION,
         )
     return value
 
@@ -112,7 +113,7 @@ def settings_from_connection(
             f"aws_conn_id={conn_id!r}: role assumption (extra.role_arn) is not supported by the S3 wait yet; "
             "use a connection with keys, or give the triggerer an identity the default credential chain finds "
             "(environment, ~/.aws profile, container or instance role)",
-            error_type="unsupported_connection",
+            error_type=ErrorType.BAD_CONNECTION,
         )
     service_config = extra.get("service_config") or {}
     s3_config = service_config.get("s3") if isinstance(service_config, Mapping) else None
@@ -125,18 +126,19 @@ def settings_from_connection(
         missing = "password (secret access key)" if access_key_id else "login (access key id)"
         raise FatalError(
             f"aws_conn_id={conn_id!r} has only half of a key pair: the {missing} is empty",
-            error_type="invalid_credentials",
+            error_type=ErrorType.AUTHENTICATION,
         )
     verify = extra.get("verify")
     if verify is not None and not isinstance(verify, (bool, str)):
         raise FatalError(
             f"aws_conn_id={conn_id!r}: extra field 'verify' must be true, false or a CA bundle path",
-            error_type="bad_connection",
+            error_type=ErrorType.BAD_CONNECTION,
         )
     config_kwargs = extra.get("config_kwargs") or {}
     if not isinstance(config_kwargs, Mapping):
         raise FatalError(
-            f"aws_conn_id={conn_id!r}: extra field 'config_kwargs' must be an object", error_type="bad_connection"
+            f"aws_conn_id={conn_id!r}: extra field 'config_kwargs' must be an object",
+            error_type=ErrorType.BAD_CONNECTION,
         )
     return S3Settings(
         conn_id=conn_id,
@@ -239,7 +241,7 @@ def _build_client(settings: S3Settings) -> Any:
     except (TypeError, ValueError) as exc:
         raise FatalError(
             f"aws_conn_id={settings.conn_id!r}: extra.config_kwargs is not a valid botocore Config: {exc}",
-            error_type="bad_connection",
+            error_type=ErrorType.BAD_CONNECTION,
         ) from exc
 
     async def build() -> Any:
@@ -349,16 +351,18 @@ def classify_s3_error(exc: BaseException, *, what: str, where: str) -> WaitError
         seen = f"{what}: {code or status}" + (f" ({detail})" if detail and detail != code else "")
         if code in THROTTLING_CODES or status in (429, 503):
             return TransientError(
-                f"throttled, {seen}", retry_after=_retry_after(meta.get("HTTPHeaders") or {}), error_type="throttled"
+                f"throttled, {seen}",
+                retry_after=_retry_after(meta.get("HTTPHeaders") or {}),
+                error_type=ErrorType.THROTTLED,
             )
         if status >= 500 or code in RETRYABLE_CODES:
-            return TransientError(f"server error, {seen}", error_type="server_error")
+            return TransientError(f"server error, {seen}", error_type=ErrorType.UNAVAILABLE)
         if code == "NoSuchBucket":
-            return FatalError(f"{seen}: the bucket does not exist", error_type="bucket_not_found")
+            return FatalError(f"{seen}: the bucket does not exist", error_type=ErrorType.NOT_FOUND)
         if code in CREDENTIAL_CODES:
             return FatalError(
                 f"{seen}: the credentials were rejected; check the connection's keys or session token",
-                error_type="invalid_credentials",
+                error_type=ErrorType.AUTHENTICATION,
             )
         if status == 403 or code in ACCESS_CODES:
             cause = "access denied"
@@ -367,23 +371,23 @@ def classify_s3_error(exc: BaseException, *, what: str, where: str) -> WaitError
             return FatalError(
                 f"{seen}: {cause}. The identity needs s3:GetObject on the keys and s3:ListBucket on the bucket "
                 "(without ListBucket, S3 answers 403 instead of 404 for a key that does not exist yet)",
-                error_type="access_denied",
+                error_type=ErrorType.AUTHORIZATION,
             )
-        return FatalError(f"{seen} (HTTP {status})", error_type="s3_error")
+        return FatalError(f"{seen} (HTTP {status})", error_type=ErrorType.BAD_REQUEST)
     if isinstance(exc, (errors.NoCredentialsError, errors.PartialCredentialsError)):
         return FatalError(
             f"{where}: no AWS credentials found. Put the access key id and secret in the connection's "
             "login and password, or give the triggerer an identity the default chain can find",
-            error_type="no_credentials",
+            error_type=ErrorType.AUTHENTICATION,
         )
     if isinstance(exc, (errors.CredentialRetrievalError, errors.TokenRetrievalError)):
-        return FatalError(f"{where}: could not obtain credentials: {exc}", error_type="invalid_credentials")
+        return FatalError(f"{where}: could not obtain credentials: {exc}", error_type=ErrorType.AUTHENTICATION)
     if isinstance(exc, errors.SSLError):
-        return FatalError(f"{where}: TLS error: {exc}", error_type="tls_error")
+        return FatalError(f"{where}: TLS error: {exc}", error_type=ErrorType.TLS)
     if isinstance(exc, (errors.ConnectionError, errors.HTTPClientError)):
-        return TransientError(f"{where}: {type(exc).__name__}: {exc}", error_type="network")
+        return TransientError(f"{where}: {type(exc).__name__}: {exc}", error_type=ErrorType.NETWORK)
     if isinstance(exc, errors.BotoCoreError):
-        return FatalError(f"{where}: {type(exc).__name__}: {exc}", error_type="bad_configuration")
+        return FatalError(f"{where}: {type(exc).__name__}: {exc}", error_type=ErrorType.BAD_CONFIGURATION)
     return None
 
 

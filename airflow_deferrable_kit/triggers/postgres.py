@@ -10,7 +10,9 @@ the trigger and the sensor's poke path run the very same check:
 
 Acceptors (``success`` / ``failure`` / ``retry`` or canonical ``acceptors``) look at the row as a
 JSON document: ``{"column": "state", "equals": "done"}`` or ``{"path": "meta.state", ...}`` for a
-json/jsonb column. Without acceptors, any row means success.
+json/jsonb column. Without any condition, a marker row means success, and a custom query
+means success once the first cell of its first row is truthy (Airflow's ``SqlSensor`` rule: a
+``count(*)`` of 0, ``NULL`` or ``false`` is "not yet").
 """
 
 from __future__ import annotations
@@ -25,17 +27,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool
 from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
 from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
-from airflow_deferrable_kit.conditions import (
-    MISSING,
-    Acceptor,
-    Decision,
-    build_acceptors,
-    decide,
-    load_acceptors,
-    lookup,
-    run_predicate,
-    validate_predicate_path,
-)
+from airflow_deferrable_kit.conditions import DEFAULT, MISSING, Acceptor, ConditionSet, explain, lookup
+from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import (
     ConditionFailed,
     Found,
@@ -239,7 +232,11 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
     :param sql: custom query (instead of ``table``) with ``$1..$n`` placeholders.
     :param parameters: values bound to ``$1..$n`` of ``sql``.
     :param acceptors: canonical acceptors; ``success`` / ``failure`` / ``retry`` are sugar.
-    :param predicate: ``"pkg.module:function"`` receiving the row when no acceptor decided.
+    :param predicate: ``"pkg.module:function"`` judging the row, by the one rule of
+        :mod:`airflow_deferrable_kit.conditions` (truthy means ready).
+
+    With no condition at all, a marker row (``table=``) is ready once it exists, and a query
+    (``sql=``) once the first cell of its first row is truthy, as Airflow's ``SqlSensor`` decides.
     :param notify_channel: a LISTEN channel whose notifications trigger an immediate re-check.
     :param statement_timeout: seconds a poll may wait for a pooled connection and for its query.
     """
@@ -280,8 +277,6 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             order_by=self.order_by,
             notify_channel=self.notify_channel,
         )
-        if self.predicate is not None:
-            validate_predicate_path(self.predicate)
         for name in ("acceptors", "success", "failure", "retry"):
             if not isinstance(getattr(self, name), list):
                 raise ValueError(f"{name} must be a list of conditions, got {getattr(self, name)!r}")
@@ -302,10 +297,10 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             )
         else:
             self._validate_custom()
-        canonical = build_acceptors(
+        canonical = ConditionSet.canonicalise(
             matchers=MATCHERS, acceptors=self.acceptors, success=success, failure=failure, retry=self.retry
         )
-        self._acceptors: list[Acceptor] = load_acceptors(canonical, matchers=MATCHERS)
+        self._conditions = ConditionSet.load(canonical, self.predicate, matchers=MATCHERS)
         self._bound: list[Any] | None = None
 
     def _validate_declarative(self) -> None:
@@ -366,7 +361,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             raise TransientError(
                 f"no Postgres connection within statement_timeout={timeout}s "
                 "(every pooled connection busy, or the server not answering)",
-                error_type="pool_timeout",
+                error_type=ErrorType.UNAVAILABLE,
             ) from exc
         try:
             try:
@@ -378,7 +373,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             except asyncio.TimeoutError as exc:
                 raise TransientError(
                     f"the query ran longer than statement_timeout={timeout}s and was cancelled",
-                    error_type="statement_timeout",
+                    error_type=ErrorType.UNAVAILABLE,
                 ) from exc
         finally:
             await pool.release(connection)
@@ -388,16 +383,13 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         if record is None:
             return None
         row = row_document(record)
-        decision: Decision | None = None
-        state = "success"
-        if self._acceptors:
-            decision, observed = decide(self._acceptors, lambda acceptor: value_in_row(row, acceptor))
-            state = decision.state if decision is not None else "retry"
-            if decision is None:
-                self.log.debug("Row found but no acceptor decided yet: %s", observed)
-        if decision is None and self.predicate is not None:
-            state = await run_predicate(self.predicate, row)
+        verdict = await self._conditions.evaluate(lambda acceptor: value_in_row(row, acceptor), lambda: row)
+        state = verdict.state
+        if state == DEFAULT:
+            state = self._default_state(record)
         if state == "retry":
+            if verdict.observed:
+                self.log.debug("Row found but no condition decided yet: %s", verdict.observed)
             return None
         capped, truncated, omitted = cap_row(row)
         data: dict[str, Any] = {"row": capped, "postgres_conn_id": self.postgres_conn_id}
@@ -405,16 +397,30 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             data["table"] = self.table
         else:
             data["sql"] = truncate_text(self._sql, 1000)
-        if decision is not None:
-            data["matched"] = decision.as_dict()
+        if verdict.decided_by is not None and verdict.state != DEFAULT:
+            data["matched"] = _capped_decision(verdict.decided_by)
+        elif self.sql is not None:
+            data["matched"] = {"state": "success", "matcher": "default", "comparator": "first cell is truthy"}
         if truncated:
             data["truncated_columns"] = truncated
         if omitted:
             data["omitted_columns"] = omitted
         if state == "failure":
-            reason = f"{decision.acceptor.label()} = {row_value(decision)}" if decision else "the predicate said so"
-            raise ConditionFailed(f"{self.describe()}: the batch marker reports failure ({reason})", details=data)
+            raise ConditionFailed(
+                f"{self.describe()}: the batch marker reports failure ({explain(data.get('matched'))})", details=data
+            )
         return Found(data)
+
+    def _default_state(self, record: Any) -> str:
+        """No condition given: a marker row is ready; a query is ready when its first cell is truthy.
+
+        The query rule is Airflow's ``SqlSensor``'s, so ``SELECT count(*) FROM ... WHERE ...``
+        waits until the count is above zero instead of succeeding at once with ``count: 0``.
+        """
+        if self.table is not None:
+            return "success"
+        # The value as the driver returned it: Decimal("0") is falsy, its JSON form "0" is not.
+        return "success" if len(record) and record[0] else "retry"
 
     def classify_error(self, exc: Exception) -> WaitError:
         return classify_postgres_error(exc) or super().classify_error(exc)
@@ -467,9 +473,14 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         self._last_wake = loop.time()
 
 
-def row_value(decision: Decision) -> str:
-    """The decisive value, short enough for an error message."""
-    return truncate_text(json.dumps(decision.as_dict()["actual"]), 200)
+def _capped_decision(decided_by: dict[str, Any]) -> dict[str, Any]:
+    """The decision for the payload, with the value it saw cut like any other column value."""
+    out = dict(decided_by)
+    actual = out.get("actual")
+    if actual is not None and len(json.dumps(actual, separators=(",", ":"))) > VALUE_LIMIT_CHARS:
+        text = actual if isinstance(actual, str) else json.dumps(actual, separators=(",", ":"))
+        out["actual"] = truncate_text(text, VALUE_LIMIT_CHARS)
+    return out
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from airflow_deferrable_kit._s3_client import (
     resolve_settings,
 )
 from airflow_deferrable_kit._s3_poller import Listing, S3Poller, close_poller, listing_reuse_window
+from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, WaitError
 from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger
 
@@ -265,7 +266,7 @@ class S3KeyTrigger(PollingTrigger):
         except ClientError as exc:  # only a "missing" answer gets here unclassified
             raise FatalError(
                 f"s3://{bucket}: the bucket does not exist (HEAD bucket: {missing_code(exc)})",
-                error_type="bucket_not_found",
+                error_type=ErrorType.NOT_FOUND,
             ) from exc
         except FatalError as exc:
             if exc.error_type != "access_denied":
