@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from airflow_deferrable_kit.triggers import kafka as kafka_trigger
+from airflow_deferrable_kit import _kafka_reader
 from scripts import services
 
 _names = itertools.count()
@@ -142,7 +142,7 @@ def topic(bootstrap: str) -> str:
 @pytest.fixture
 def fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Readers look for new partitions / topics every 0.2 s instead of every 30 s."""
-    monkeypatch.setattr(kafka_trigger, "PARTITION_REFRESH_SECONDS", 0.2)
+    monkeypatch.setattr(_kafka_reader, "PARTITION_REFRESH_SECONDS", 0.2)
 
 
 @pytest.fixture

@@ -11,21 +11,14 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition, errors
 
+from airflow_deferrable_kit import _kafka_fanout
+from airflow_deferrable_kit._kafka_client import classify_kafka_error, client_options
+from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Waiter
+from airflow_deferrable_kit._kafka_messages import MATCHERS, KafkaMessage, MatchSpec, canonical_acceptors
+from airflow_deferrable_kit._kafka_reader import TopicReader
 from airflow_deferrable_kit.conditions import load_acceptors
 from airflow_deferrable_kit.payload import FatalError, TransientError
-from airflow_deferrable_kit.triggers import kafka as kafka_trigger
-from airflow_deferrable_kit.triggers.kafka import (
-    MATCHERS,
-    CatchUpPass,
-    KafkaMessage,
-    KafkaMessageTrigger,
-    MatchSpec,
-    TopicReader,
-    Waiter,
-    canonical_acceptors,
-    classify_kafka_error,
-    client_options,
-)
+from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 
 
 def record(value: bytes | None, *, key: bytes | None = b"k", headers: Any = (), offset: int = 0) -> Any:
@@ -320,7 +313,7 @@ async def test_a_wait_ahead_of_the_reader_counts_only_from_its_own_position() ->
 
 
 async def test_a_burst_of_matches_wakes_a_batch_of_waits_per_loop_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kafka_trigger, "WAKES_PER_SLICE", 8)
+    monkeypatch.setattr(_kafka_fanout, "WAKES_PER_SLICE", 8)
     reader = reader_at(0)
     waiters = [waiter_for(f"k{i}", 0, reader) for i in range(100)]
     assert all(waiter.try_attach("t") for waiter in waiters)
@@ -341,7 +334,7 @@ async def test_a_burst_of_matches_wakes_a_batch_of_waits_per_loop_turn(monkeypat
 
 
 async def test_a_pass_hands_waits_over_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kafka_trigger, "DISPATCH_SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(_kafka_fanout, "DISPATCH_SLICE_SECONDS", 0.0)
     reader = reader_at(5)
     waiters = [waiter_for("never", 5, reader) for _ in range(3)]
     run = CatchUpPass(reader, waiters)
