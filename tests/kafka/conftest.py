@@ -9,7 +9,7 @@ import itertools
 import json
 import os
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,15 @@ async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
         return {tp.partition: offsets[tp].offset for tp in tps}
     finally:
         await admin.close()
+
+
+async def eventually(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Wait for a state the test can observe (not a timing assertion: fails only if never reached)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition never became true")
+        await asyncio.sleep(0.02)
 
 
 def broker_sockets(port: int) -> int:

@@ -22,6 +22,7 @@ from tests.kafka.conftest import (
     commit,
     committed,
     create_topic,
+    eventually,
     produce,
     set_connection,
     unique,
@@ -39,15 +40,6 @@ def key_is(value: str, state: str = "success") -> dict[str, Any]:
 
 def path_is(path: str, value: Any, state: str = "success", comparator: str = "equals") -> dict[str, Any]:
     return {"state": state, "matcher": "path", "argument": path, "comparator": comparator, "expected": value}
-
-
-async def eventually(condition: Any, timeout: float = 10.0) -> None:
-    """Wait for a state the test can observe (not a timing assertion: fails only if never reached)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition never became true")
-        await asyncio.sleep(0.02)
 
 
 async def produce_elsewhere(bootstrap: str, topic: str, *messages: Message) -> list[tuple[int, int]]:
