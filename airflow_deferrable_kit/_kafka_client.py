@@ -374,7 +374,9 @@ async def commit_offset(*, kafka_conn_id: str, group_id: str, topic: str, partit
 
 # ======================================================================= private aiokafka API
 # Everything below reaches into aiokafka beyond its documented API. Checked against aiokafka
-# 0.14.0; look here first when upgrading it.
+# 0.14.0 (the extra allows >=0.11); look here first when upgrading it. The real-broker tests
+# exercise all but ``out_of_range_offsets``, which the engine tests cover with aiokafka's own
+# exception, raised the way its fetcher raises it.
 
 
 def _probe_first_broker(options: Mapping[str, Any]) -> Awaitable[Any]:
@@ -408,8 +410,9 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int] |
 
     Asks with ``allow_auto_topic_creation=False``: merely waiting must never create a topic on a
     broker that auto-creates them. Private: the consumer's ``_client`` (``get_random_node``,
-    ``send``) and ``aiokafka.protocol.metadata.MetadataRequest``; the public
-    ``partitions_for_topic`` goes through a metadata refresh that may auto-create the topic.
+    ``send``), ``aiokafka.protocol.metadata.MetadataRequest`` and ``ClusterMetadata`` to read the
+    answer. The public ``partitions_for_topic`` only answers from metadata already fetched, and
+    aiokafka's own metadata requests allow auto-creation.
     """
     from aiokafka.cluster import ClusterMetadata
     from aiokafka.errors import NodeNotReadyError
@@ -432,7 +435,8 @@ async def track_topic(consumer: AIOKafkaConsumer, topic: str) -> None:
     """Have a consumer keep the topic's metadata without assigning it (offset lookups need the
     partition leaders; without this the first lookup fails once on stale metadata and retries).
 
-    Private: ``consumer._client.add_topic``; the public way (``subscribe``) joins a group.
+    Private: ``consumer._client.add_topic``; the public way (``subscribe``) joins a group. Only
+    called for a topic known to exist (aiokafka's metadata requests allow auto-creation).
     """
     await consumer._client.add_topic(topic)
 
