@@ -10,10 +10,12 @@ from typing import Any
 
 from airflow.sdk import Context
 
+from airflow_deferrable_kit._kafka_client import commit_offset
+from airflow_deferrable_kit._kafka_messages import canonical_acceptors
 from airflow_deferrable_kit.payload import SUCCESS
 from airflow_deferrable_kit.sensors.base import DeferrableSensor, is_unresolved
 from airflow_deferrable_kit.sensors.temporal import to_utc_iso
-from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger, canonical_acceptors, commit_offset
+from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 
 
 def to_epoch_ms(value: Any, *, argument: str = "start_after") -> int | None:

@@ -9,7 +9,7 @@ import itertools
 import json
 import os
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from airflow_deferrable_kit.triggers import kafka as kafka_trigger
+from airflow_deferrable_kit import _kafka_reader
 from scripts import services
 
 _names = itertools.count()
@@ -96,6 +96,15 @@ async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
         await admin.close()
 
 
+async def eventually(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Wait for a state the test can observe (not a timing assertion: fails only if never reached)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition never became true")
+        await asyncio.sleep(0.02)
+
+
 def broker_sockets(port: int) -> int:
     """Established TCP connections from this process to ``port`` (read from /proc, no timing)."""
     inodes = set()
@@ -142,7 +151,7 @@ def topic(bootstrap: str) -> str:
 @pytest.fixture
 def fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Readers look for new partitions / topics every 0.2 s instead of every 30 s."""
-    monkeypatch.setattr(kafka_trigger, "PARTITION_REFRESH_SECONDS", 0.2)
+    monkeypatch.setattr(_kafka_reader, "PARTITION_REFRESH_SECONDS", 0.2)
 
 
 @pytest.fixture

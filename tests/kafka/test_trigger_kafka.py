@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import clients
+from airflow_deferrable_kit import _kafka_fanout, _kafka_messages, _kafka_reader, clients
+from airflow_deferrable_kit._kafka_reader import TopicReader
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.testing import run_trigger, watch_blocking
-from airflow_deferrable_kit.triggers import kafka as kafka_trigger
-from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger, TopicReader
+from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 from tests.kafka.conftest import (
     Message,
     PrivateBroker,
@@ -22,6 +22,7 @@ from tests.kafka.conftest import (
     commit,
     committed,
     create_topic,
+    eventually,
     produce,
     set_connection,
     unique,
@@ -39,15 +40,6 @@ def key_is(value: str, state: str = "success") -> dict[str, Any]:
 
 def path_is(path: str, value: Any, state: str = "success", comparator: str = "equals") -> dict[str, Any]:
     return {"state": state, "matcher": "path", "argument": path, "comparator": comparator, "expected": value}
-
-
-async def eventually(condition: Any, timeout: float = 10.0) -> None:
-    """Wait for a state the test can observe (not a timing assertion: fails only if never reached)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition never became true")
-        await asyncio.sleep(0.02)
 
 
 async def produce_elsewhere(bootstrap: str, topic: str, *messages: Message) -> list[tuple[int, int]]:
@@ -328,7 +320,7 @@ async def test_payload_is_capped(bootstrap: str, kafka_conn: str, topic: str) ->
     assert payload["status"] == "success"
     assert payload["value_truncated"] is True and isinstance(payload["value"], str)
     assert payload["size"] > 100_000
-    assert len(payload["headers"]) == kafka_trigger.MAX_HEADERS
+    assert len(payload["headers"]) == _kafka_messages.MAX_HEADERS
     assert len(json.dumps(payload)) < MAX_PAYLOAD_BYTES
 
 
@@ -439,7 +431,7 @@ async def test_a_waiter_behind_the_reader_catches_up_then_joins(bootstrap: str, 
     late_task = asyncio.ensure_future(run_trigger(late, timeout=30))
     await eventually(lambda: late._waiter is not None and late._waiter.attached.get(topic) is reader)
     assert late._waiter.counts["examined"] == 30  # the gap, read by a catch-up pass
-    assert reader.passes == 1 and late._catchups == {}  # shared, not a consumer of its own
+    assert reader.passes == 1 and late._own_pace.consumers == {}  # shared, not a consumer of its own
     placed = await produce(bootstrap, topic, Message({"n": 40}, key="k40"))
     payload = (await late_task).payload
     assert (payload["partition"], payload["offset"]) == placed[0]
@@ -457,7 +449,7 @@ async def test_many_late_waiters_share_one_catch_up_read(
     each, exact offsets and counts, and the loop never blocked."""
     started: list[dict[str, Any]] = []
     lookups: list[int | None] = []
-    start_consumer, resolve_start = kafka_trigger.start_consumer, kafka_trigger.resolve_start
+    start_consumer, resolve_start = _kafka_reader.start_consumer, _kafka_reader.resolve_start
 
     async def counting_start(options: Any, **overrides: Any) -> Any:
         started.append(overrides)
@@ -467,8 +459,8 @@ async def test_many_late_waiters_share_one_catch_up_read(
         lookups.append(kwargs["start_after_ms"])
         return await resolve_start(*args, **kwargs)
 
-    monkeypatch.setattr(kafka_trigger, "start_consumer", counting_start)
-    monkeypatch.setattr(kafka_trigger, "resolve_start", counting_resolve)
+    monkeypatch.setattr(_kafka_reader, "start_consumer", counting_start)
+    monkeypatch.setattr(_kafka_reader, "resolve_start", counting_resolve)
     await get_connection(kafka_conn)
     live = make(topic, kafka_conn, acceptors=[key_is("never")])
     live_task = asyncio.ensure_future(run_trigger(live, timeout=60))
@@ -524,7 +516,7 @@ async def test_a_fatal_error_while_catching_up_ends_the_late_waits_with_it(
     from aiokafka.errors import TopicAuthorizationFailedError
 
     started: list[Any] = []
-    start_consumer = kafka_trigger.start_consumer
+    start_consumer = _kafka_reader.start_consumer
 
     async def refuse(*args: Any, **kwargs: Any) -> Any:
         raise TopicAuthorizationFailedError()
@@ -536,7 +528,7 @@ async def test_a_fatal_error_while_catching_up_ends_the_late_waits_with_it(
             monkeypatch.setattr(consumer, "getmany", refuse)
         return consumer
 
-    monkeypatch.setattr(kafka_trigger, "start_consumer", start)
+    monkeypatch.setattr(_kafka_reader, "start_consumer", start)
     await produce(bootstrap, topic, Message({"n": 1}))
     waiters = [make(topic, kafka_conn, start_from="earliest", acceptors=[key_is("never")]) for _ in range(3)]
     payloads = [event.payload for event in await asyncio.gather(*(run_trigger(t, timeout=20) for t in waiters))]
@@ -547,7 +539,7 @@ async def test_a_fatal_error_while_catching_up_ends_the_late_waits_with_it(
 async def test_a_slow_predicate_waiter_falls_behind_and_still_finds_its_match(
     monkeypatch: pytest.MonkeyPatch, bootstrap: str, kafka_conn: str, topic: str
 ) -> None:
-    monkeypatch.setattr(kafka_trigger, "WAITER_QUEUE_MESSAGES", 5)
+    monkeypatch.setattr(_kafka_fanout, "WAITER_QUEUE_MESSAGES", 5)
     trigger = make(topic, kafka_conn, predicate="tests.kafka.predicates:slow_is_last")
     task = asyncio.ensure_future(run_trigger(trigger, timeout=30))
     await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)

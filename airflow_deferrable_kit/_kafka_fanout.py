@@ -1,0 +1,530 @@
+"""The hand-out at the heart of the shared Kafka reader: waiters, their index, and catch-up passes.
+
+Nothing here talks to a broker. A :class:`FanOut` is handed batches of records (by the shared
+reader, or by a :class:`CatchUpPass` that brings late waiters up to it) and gives each message to
+the :class:`Waiter` objects whose conditions can match it, found through an index on the values
+the conditions compare, so the cost follows the message rate rather than the number of waits.
+Each waiter keeps its own cursor per partition, so it sees every message from its start once,
+whichever fan-out hands it over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+import itertools
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from airflow_deferrable_kit._kafka_client import known_position
+from airflow_deferrable_kit._kafka_messages import (
+    PREDICATE,
+    PROBLEMS,
+    KafkaMessage,
+    MatchSpec,
+    Point,
+    canonical_value,
+)
+from airflow_deferrable_kit.conditions import MISSING, Decision
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from airflow_deferrable_kit._kafka_reader import TopicReader
+
+# Tunables. Module constants rather than kwargs: the reader is shared, so they are per process.
+#: A waiter's queue of messages awaiting its predicate; past either bound it leaves the reader
+#: and catches up on its own, so a slow waiter never makes the process hold the stream for it.
+WAITER_QUEUE_MESSAGES = 256
+WAITER_QUEUE_BYTES = 4 * 1024 * 1024
+#: Fan-out work after which the reader yields to the event loop...
+DISPATCH_SLICE_SECONDS = 0.01
+#: ...or waits woken (each then builds its event on the loop) after which it does.
+WAKES_PER_SLICE = 32
+
+
+# ================================================================================ waiter
+#: What a fan-out counts per value format and partition: messages examined, then skipped by reason.
+COUNTED: Final = ("examined", *PROBLEMS)
+_SLOT: Final = {name: i for i, name in enumerate(COUNTED)}
+_ZERO: Final = (0,) * len(COUNTED)
+
+
+class _Wake:
+    """What a waiter sleeps on: an ``asyncio.Event`` with a timeout, without a task per sleep.
+
+    ``asyncio.wait_for(event.wait(), t)`` starts a task each time; ten thousand waits sleeping a
+    poll interval at a time would start thousands a second. This costs a future and a timer.
+    Only the waiter's own task sleeps on it.
+    """
+
+    __slots__ = ("_set", "_sleeper")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._sleeper: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._sleeper is not None and not self._sleeper.done():
+            self._sleeper.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self, timeout: float) -> bool:
+        """Sleep until set or until ``timeout`` seconds pass; True if it was set."""
+        if self._set:
+            return True
+        loop = asyncio.get_running_loop()
+        sleeper = self._sleeper = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, sleeper)
+        try:
+            await sleeper
+        finally:
+            timer.cancel()
+            self._sleeper = None
+        return self._set
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Waiter:
+    """One trigger's side of the shared readers: where it is in each partition and what it found.
+
+    ``cursor[tp]`` is the next offset this waiter has not looked at. While it is attached to a
+    fan-out only the messages handed to it move the cursor (the fan-out's position says how far
+    it has really got). Partitions it has no cursor for (added after it started) are read from
+    where the reader found them, keeping only messages stamped at or after the start moment
+    (for ``earliest``, all of them).
+    """
+
+    __slots__ = (
+        "attached",
+        "behind",
+        "counts",
+        "cursor",
+        "finished",
+        "index_keys",
+        "marks",
+        "own_pace",
+        "queue",
+        "queued_bytes",
+        "readers",
+        "spec",
+        "start_after_ms",
+        "start_from",
+        "ts_filter",
+        "wake",
+    )
+
+    def __init__(self, spec: MatchSpec, *, start_from: str, start_after_ms: int | None) -> None:
+        self.spec = spec
+        self.start_from = start_from
+        self.start_after_ms = start_after_ms
+        self.cursor: dict[TopicPartition, int] = {}
+        self.ts_filter: set[TopicPartition] = set()
+        self.queue: collections.deque[tuple[KafkaMessage, str, Decision | None]] = collections.deque()
+        self.queued_bytes = 0
+        self.wake = _Wake()
+        self.readers: dict[str, TopicReader] = {}
+        #: The fan-out feeding this waiter on each topic: the shared reader, or a catch-up pass.
+        self.attached: dict[str, FanOut] = {}
+        #: Per partition, the fan-out's counts when it reached this waiter's cursor (None: not yet).
+        self.marks: dict[TopicPartition, tuple[int, ...] | None] = {}
+        #: Topics where it is behind its reader and has to catch up before it can join it.
+        self.behind: set[str] = set()
+        #: Set once its predicate could not keep up: from then on it catches up at its own pace.
+        self.own_pace = False
+        self.finished = False
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.index_keys = spec.index_keys()
+
+    # ------------------------------------------------------------------- windows
+    def admit(self, message: KafkaMessage, tp: TopicPartition) -> bool:
+        """Advance past ``message``; True if it is new to this waiter and not before its start."""
+        cursor = self.cursor.get(tp)
+        if cursor is not None and message.offset < cursor:
+            return False
+        if cursor is None and self.start_from != "earliest":
+            self.ts_filter.add(tp)
+        self.cursor[tp] = message.offset + 1
+        if tp in self.ts_filter and self.start_after_ms is not None:
+            # A partition this waiter did not resolve: keep what was stamped at or after the start.
+            return not 0 <= message.timestamp < self.start_after_ms
+        return True
+
+    def position_in(self, tp: TopicPartition, feed: FanOut) -> int:
+        """The cursor for ``tp``; a partition first seen now starts where the reader found it."""
+        cursor = self.cursor.get(tp)
+        if cursor is None:
+            cursor = self.cursor[tp] = feed.origins.get(tp, 0)
+            if self.start_from != "earliest":
+                self.ts_filter.add(tp)
+        return cursor
+
+    # --------------------------------------------------------------- from a feed
+    def offer(self, message: KafkaMessage, tp: TopicPartition, feed: FanOut) -> bool:
+        """Called by a fan-out (synchronously) with every message this waiter may care about.
+
+        Returns True when the waiter was woken (it has something to act on).
+        """
+        if self.finished or not self.admit(message, tp):
+            return False
+        outcome = self.spec.evaluate(message)
+        if outcome is None:
+            return False
+        kind, decision = outcome
+        if kind == PREDICATE and (
+            len(self.queue) >= WAITER_QUEUE_MESSAGES or self.queued_bytes + message.size > WAITER_QUEUE_BYTES
+        ):
+            self._fall_behind(feed, tp, message.offset)
+            return True
+        self.queue.append((message, kind, decision))
+        self.queued_bytes += message.size
+        if kind != PREDICATE:
+            # Nothing after a data decision matters: stop receiving from every feed.
+            self.finished = True
+            for topic in list(self.attached):
+                self.detach(topic)
+        self.wake.set()
+        return True
+
+    def _fall_behind(self, feed: FanOut, tp: TopicPartition, offset: int) -> None:
+        """Too much is waiting for the predicate: leave the stream and catch up on our own later."""
+        self.detach(feed.topic)
+        for other, position in feed.positions.items():
+            if other == tp:
+                continue
+            if other not in self.cursor and self.start_from != "earliest":
+                self.ts_filter.add(other)
+            self.cursor[other] = max(self.cursor.get(other, position), position)
+        self.cursor[tp] = offset
+        self.behind.add(feed.topic)
+        self.own_pace = True
+        self.counts["fell_behind"] += 1
+        self.wake.set()
+
+    # ---------------------------------------------------------------- attachment
+    def join(self, feed: FanOut) -> bool:
+        """Start receiving from ``feed`` if level with (or ahead of) it; atomic on the loop."""
+        if not feed.attach(self):
+            return False
+        self.attached[feed.topic] = feed
+        self.behind.discard(feed.topic)
+        return True
+
+    def try_attach(self, topic: str) -> bool:
+        """Join the topic's shared reader, or note that this waiter has to catch up first."""
+        if self.join(self.readers[topic]):
+            return True
+        self.behind.add(topic)
+        return False
+
+    def detach(self, topic: str) -> None:
+        feed = self.attached.pop(topic, None)
+        if feed is None:
+            return
+        feed.detach(self)
+        self.counts.update(self._counted_by(feed))
+        for tp in [tp for tp in self.marks if tp.topic == topic]:
+            del self.marks[tp]
+
+    def _counted_by(self, feed: FanOut) -> dict[str, int]:
+        """What ``feed`` counted for this waiter: per partition, its counts now minus the mark."""
+        totals = _ZERO
+        for tp, tally in feed.tallies.get(self.spec.value_format, {}).items():
+            mark = self.marks.get(tp, _ZERO)  # no mark: the partition appeared after the attach
+            if mark is not None:
+                totals = tuple(total + now - then for total, now, then in zip(totals, tally, mark, strict=True))
+        return {name: total for name, total in zip(COUNTED, totals, strict=True) if total}
+
+    def stats(self) -> dict[str, Any]:
+        """How much this wait looked at: messages examined and skipped (by reason)."""
+        counts = collections.Counter(self.counts)
+        for feed in self.attached.values():
+            counts.update(self._counted_by(feed))
+        skipped = {name: counts.get(name, 0) for name in (*PROBLEMS, "predicate_error")}
+        return {"examined": counts.get("examined", 0), "skipped": skipped}
+
+    def count(self, message: KafkaMessage) -> str | None:
+        """Count a message this waiter read itself; return its problem, if any."""
+        self.counts["examined"] += 1
+        problem = message.problem(self.spec.value_format)
+        if problem is not None:
+            self.counts[problem] += 1
+        return problem
+
+
+# ============================================================================== fan-out
+class _Group:
+    """The waiters of one value format on a fan-out, indexed by the values they compare."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[Point, tuple[str, Any]], set[Waiter]] = collections.defaultdict(set)
+        self.points: collections.Counter[Point] = collections.Counter()
+        self.scan_all: set[Waiter] = set()
+        self.size = 0
+
+    def add(self, waiter: Waiter) -> None:
+        self.size += 1
+        if waiter.index_keys is None:
+            self.scan_all.add(waiter)
+            return
+        for point, value in waiter.index_keys:
+            if waiter not in self.index[(point, value)]:
+                self.index[(point, value)].add(waiter)
+                self.points[point] += 1
+
+    def remove(self, waiter: Waiter) -> None:
+        self.size -= 1
+        if waiter.index_keys is None:
+            self.scan_all.discard(waiter)
+            return
+        for point, value in waiter.index_keys:
+            bucket = self.index.get((point, value))
+            if bucket is not None and waiter in bucket:
+                bucket.discard(waiter)
+                if not bucket:
+                    del self.index[(point, value)]
+                self.points[point] -= 1
+                if self.points[point] <= 0:
+                    del self.points[point]
+
+    def candidates(self, message: KafkaMessage, value_format: str) -> list[Waiter]:
+        found: set[Waiter] = set(self.scan_all)
+        for point in self.points:
+            value = message.lookup(value_format, point[0], point[1])
+            canonical = canonical_value(value) if value is not MISSING else None
+            if canonical is not None:
+                bucket = self.index.get((point, canonical))
+                if bucket:
+                    found.update(bucket)
+        return list(found)
+
+    def members(self) -> set[Waiter]:
+        everyone = set(self.scan_all)
+        for bucket in self.index.values():
+            everyone.update(bucket)
+        return everyone
+
+
+class FanOut:
+    """Waiters on one topic, indexed by the values they compare, and the hand-out of messages.
+
+    The shared :class:`TopicReader` is one; a :class:`CatchUpPass` that brings late waiters up to
+    the reader is another. ``positions[tp]`` is the next offset handed out. Counts are kept per
+    value format and partition, and each waiter marks the counts at the moment the hand-out
+    reaches its cursor, so what each wait examined is exact without counting per wait.
+    """
+
+    def __init__(self, topic: str, origins: dict[TopicPartition, int]) -> None:
+        self.topic = topic
+        #: Where the reader first found each partition (a waiter new to a partition starts there).
+        self.origins = origins
+        self.positions: dict[TopicPartition, int] = {}
+        self.last_timestamp: dict[TopicPartition, int] = {}
+        self.groups: dict[str, _Group] = {}
+        self.tallies: dict[str, dict[TopicPartition, list[int]]] = collections.defaultdict(dict)
+        self.evaluations = 0
+        #: Per partition, waiters attached ahead of the hand-out: (cursor, order, waiter), a heap.
+        self._crossings: dict[TopicPartition, list[tuple[int, int, Waiter]]] = collections.defaultdict(list)
+        self._order = itertools.count()
+
+    # ------------------------------------------------------------------- waiters
+    def behind(self, waiter: Waiter) -> dict[TopicPartition, int]:
+        """Partitions where ``waiter`` has not yet reached this fan-out, with its position."""
+        return {tp: position for tp, position in self.positions.items() if waiter.position_in(tp, self) < position}
+
+    def attach(self, waiter: Waiter) -> bool:
+        """Add the waiter if it is level with (or ahead of) the hand-out; atomic on the loop."""
+        if self.behind(waiter):
+            return False
+        group = self.groups.get(waiter.spec.value_format)
+        if group is None:
+            group = self.groups[waiter.spec.value_format] = _Group()
+        group.add(waiter)
+        for tp in self.positions:
+            self.mark(waiter, tp)
+        return True
+
+    def mark(self, waiter: Waiter, tp: TopicPartition) -> None:
+        """Note where counting starts for ``waiter`` in ``tp``: now, or when the hand-out gets to its cursor."""
+        cursor = waiter.position_in(tp, self)
+        if cursor <= self.positions[tp]:
+            waiter.marks[tp] = tuple(self._tally(waiter.spec.value_format, tp))
+        else:
+            waiter.marks[tp] = None
+            heapq.heappush(self._crossings[tp], (cursor, next(self._order), waiter))
+
+    def detach(self, waiter: Waiter) -> None:
+        group = self.groups.get(waiter.spec.value_format)
+        if group is not None:
+            group.remove(waiter)
+            if group.size <= 0:
+                del self.groups[waiter.spec.value_format]
+
+    def waiters(self) -> list[Waiter]:
+        everyone: set[Waiter] = set()
+        for group in self.groups.values():
+            everyone.update(group.members())
+        return list(everyone)
+
+    def _tally(self, value_format: str, tp: TopicPartition) -> list[int]:
+        tallies = self.tallies[value_format]
+        tally = tallies.get(tp)
+        if tally is None:
+            tally = tallies[tp] = [0] * len(COUNTED)
+        return tally
+
+    def _cross(self, tp: TopicPartition, offset: int) -> None:
+        """The hand-out reached ``offset``: start counting for the waiters whose cursor it passed."""
+        crossings = self._crossings[tp]
+        while crossings and crossings[0][0] <= offset:
+            waiter = heapq.heappop(crossings)[2]
+            if waiter.attached.get(self.topic) is self and waiter.marks.get(tp, _ZERO) is None:
+                waiter.marks[tp] = tuple(self._tally(waiter.spec.value_format, tp))
+
+    # ------------------------------------------------------------------ hand-out
+    async def _dispatch(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
+        """Hand each record to the waiters that may care about it.
+
+        Yields to the event loop after a slice of work or a batch of wake-ups, so neither a long
+        fan-out nor a burst of matches (each waking a wait that then builds its event) holds the
+        loop for long.
+        """
+        slice_start = time.monotonic()
+        woken = 0
+        for tp, records in batch.items():
+            if not self.groups:
+                if records:
+                    self.positions[tp] = max(self.positions.get(tp, 0), records[-1].offset + 1)
+                    self.last_timestamp[tp] = records[-1].timestamp
+                continue
+            crossings = self._crossings[tp]
+            for record in records:
+                if record.offset < self.positions.get(tp, 0):
+                    continue
+                if crossings and crossings[0][0] <= record.offset:
+                    self._cross(tp, record.offset)
+                message = KafkaMessage(record)
+                for value_format, group in list(self.groups.items()):
+                    tally = self._tally(value_format, tp)
+                    tally[0] += 1
+                    problem = message.problem(value_format)
+                    if problem is not None:
+                        tally[_SLOT[problem]] += 1
+                        continue
+                    for waiter in group.candidates(message, value_format):
+                        self.evaluations += 1
+                        woken += waiter.offer(message, tp, self)
+                self.positions[tp] = record.offset + 1
+                if message.timestamp >= 0:
+                    self.last_timestamp[tp] = message.timestamp
+                if woken >= WAKES_PER_SLICE or time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
+                    await asyncio.sleep(0)
+                    slice_start = time.monotonic()
+                    woken = 0
+
+    def sync_positions(self, consumer: AIOKafkaConsumer) -> None:
+        """Move past offsets the consumer skipped without returning records (gaps, control batches)."""
+        for tp in list(self.positions):
+            position = known_position(consumer, tp)
+            if position is not None and position > self.positions[tp]:
+                self.positions[tp] = position
+
+    def rewind(self, tp: TopicPartition, offset: int) -> None:
+        """Hand out ``tp`` from ``offset`` on, moving back the cursors of waiters that were past it."""
+        self.positions[tp] = offset
+        for waiter in self.waiters():
+            if waiter.cursor.get(tp, 0) > offset:
+                waiter.cursor[tp] = offset
+                if waiter.start_from != "earliest":
+                    waiter.ts_filter.add(tp)
+
+
+class CatchUpPass(FanOut):
+    """One shared read of the gap between late waiters and their reader, then a hand-over.
+
+    A wait whose start lies behind the reader (it starts from its deferral moment and messages
+    arrived since, the triggerer restarted, or it reads from ``earliest``/``committed``) has to
+    read that gap before it can join the reader. A pass reads it once for all such waits, from
+    the earliest of their positions, through the same index as the reader; when it is level
+    with the reader it moves them onto the reader, each in one step, so nothing falls between
+    the two. N late waits cost one read of the gap, not N.
+    """
+
+    def __init__(self, reader: TopicReader, waiters: Iterable[Waiter]) -> None:
+        super().__init__(reader.topic, reader.origins)
+        self.reader = reader
+        for waiter in waiters:  # start at the earliest position of any of them
+            for tp in reader.positions:
+                cursor = waiter.position_in(tp, self)
+                if cursor < self.positions.get(tp, cursor + 1):
+                    self.positions[tp] = cursor
+        self._leaving: list[Waiter] = []
+
+    async def take(self, late: dict[Waiter, None]) -> None:
+        """Move the ``late`` waiters into the pass, yielding to the loop between slices.
+
+        Waiters released while this yields are no longer in ``late`` and are left out.
+        """
+        slice_start = time.monotonic()
+        for waiter in list(late):
+            if waiter in late:  # not released meanwhile
+                del late[waiter]
+                waiter.join(self)  # never behind: the pass starts at the earliest position
+            if time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
+                await asyncio.sleep(0)
+                slice_start = time.monotonic()
+
+    def extend(self) -> None:
+        """Cover partitions the reader gained since the pass started."""
+        new = [tp for tp in self.reader.positions if tp not in self.positions]
+        if not new:
+            return
+        waiters = self.waiters()
+        for tp in new:
+            self.positions[tp] = min(
+                (waiter.position_in(tp, self) for waiter in waiters), default=self.reader.positions[tp]
+            )
+            for waiter in waiters:
+                self.mark(waiter, tp)
+
+    def level(self) -> bool:
+        """Whether the pass has handed out everything the reader has (so its waiters can move)."""
+        return all(self.positions.get(tp, -1) >= position for tp, position in self.reader.positions.items())
+
+    def hand_over(self) -> bool:
+        """Move waiters onto the reader, for one slice of time; True once nobody is left.
+
+        Call it only while the pass is level with the reader: each move happens in one step, so
+        no message can slip in between, and the caller checks the level again after a yield.
+        """
+        if not self._leaving:
+            self._leaving = self.waiters()
+        slice_start = time.monotonic()
+        while self._leaving:
+            waiter = self._leaving.pop()
+            if waiter.attached.get(self.topic) is not self:
+                continue  # found its message or fell behind meanwhile
+            waiter.detach(self.topic)
+            for tp, position in self.positions.items():
+                if waiter.cursor.get(tp, 0) < position:
+                    waiter.cursor[tp] = position
+            if not waiter.try_attach(self.topic):
+                waiter.wake.set()  # cannot happen while level; if it did, the waiter catches up again
+            if time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
+                break
+        return not self.groups
+
+
+__all__ = ["COUNTED", "CatchUpPass", "FanOut", "Waiter"]

@@ -1,0 +1,99 @@
+"""The aiokafka side of the Kafka wait, without a broker: connection mapping and error classification."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiokafka import errors
+
+from airflow_deferrable_kit._kafka_client import classify_kafka_error, client_options
+from airflow_deferrable_kit.payload import FatalError, TransientError
+
+
+def test_connection_maps_to_aiokafka_settings_without_leaking_the_secret() -> None:
+    options, tls = client_options(
+        conn_id="k",
+        host=None,
+        port=None,
+        login="svc",
+        password="pw",
+        extra={
+            "bootstrap.servers": "b1:9093, b2:9093",
+            "security.protocol": "sasl_ssl",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "ssl.ca.location": "/etc/ca.pem",
+            "ssl.endpoint.identification.algorithm": "none",
+            "group.id": "ignored",
+        },
+    )
+    assert options == {
+        "bootstrap_servers": ["b1:9093", "b2:9093"],
+        "security_protocol": "SASL_SSL",
+        "client_id": "airflow-deferrable-kit",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "svc",
+        "sasl_plain_password": "pw",
+    }
+    assert tls == {
+        "cafile": "/etc/ca.pem",
+        "certfile": None,
+        "keyfile": None,
+        "password": None,
+        "check_hostname": False,
+    }
+
+
+def test_connection_extra_credentials_win_and_host_port_work() -> None:
+    options, tls = client_options(
+        conn_id="k",
+        host="h1,h2:9000",
+        port=9092,
+        login="ignored",
+        password=None,
+        extra={"security.protocol": "SASL_PLAINTEXT", "sasl.username": "u", "sasl.password": "p"},
+    )
+    assert options["bootstrap_servers"] == ["h1:9092", "h2:9000"]
+    assert (options["sasl_mechanism"], options["sasl_plain_username"], options["sasl_plain_password"]) == (
+        "PLAIN",
+        "u",
+        "p",
+    )
+    assert tls is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"extra": {}}, "no bootstrap servers"),
+        ({"extra": {"bootstrap.servers": "broker"}}, "host:port"),
+        ({"extra": {"bootstrap.servers": "b:1", "security.protocol": "TLS"}}, "security.protocol"),
+        (
+            {"extra": {"bootstrap.servers": "b:1", "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}},
+            "sasl.mechanism",
+        ),
+        ({"extra": {"bootstrap.servers": "b:1", "security.protocol": "SASL_SSL"}}, "username and password"),
+    ],
+)
+def test_bad_connection_is_a_fatal_configuration_error(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(FatalError, match=message) as caught:
+        client_options(conn_id="k", host=None, port=None, login=None, password=None, **fields)
+    assert caught.value.error_type == "bad_connection"
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "error_type"),
+    [
+        (errors.KafkaConnectionError("refused"), TransientError, "broker"),
+        (errors.RequestTimedOutError(), TransientError, "broker"),
+        (errors.NotLeaderForPartitionError(), TransientError, "broker"),
+        (errors.KafkaTimeoutError(), TransientError, "broker"),
+        (errors.SaslAuthenticationFailed("bad password"), FatalError, "authentication"),
+        (errors.UnsupportedSaslMechanismError(), FatalError, "authentication"),
+        (errors.TopicAuthorizationFailedError(), FatalError, "authorization"),
+        (errors.GroupAuthorizationFailedError(), FatalError, "authorization"),
+    ],
+)
+def test_errors_are_classified(exc: Exception, kind: type, error_type: str) -> None:
+    error = classify_kafka_error(exc)
+    assert isinstance(error, kind) and error.error_type == error_type
