@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_deferrable_kit.connections import get_connection, get_extra
+from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
 if TYPE_CHECKING:
@@ -71,17 +72,19 @@ def client_options(
         raise FatalError(
             f"{where}: no bootstrap servers; set extra 'bootstrap.servers' (e.g. 'broker1:9092,broker2:9092') "
             "or the connection host and port",
-            error_type="configuration",
+            error_type=ErrorType.BAD_CONNECTION,
         )
     for server in servers:
         _, _, server_port = server.rpartition(":")
         if not server_port.isdigit():
-            raise FatalError(f"{where}: bootstrap server {server!r} must be host:port", error_type="configuration")
+            raise FatalError(
+                f"{where}: bootstrap server {server!r} must be host:port", error_type=ErrorType.BAD_CONNECTION
+            )
     protocol = str(pick("security.protocol", "security_protocol") or "PLAINTEXT").upper()
     if protocol not in SECURITY_PROTOCOLS:
         raise FatalError(
             f"{where}: security.protocol must be one of {', '.join(SECURITY_PROTOCOLS)}, got {protocol!r}",
-            error_type="configuration",
+            error_type=ErrorType.BAD_CONNECTION,
         )
     options: dict[str, Any] = {
         "bootstrap_servers": servers,
@@ -93,7 +96,7 @@ def client_options(
         if mechanism not in SASL_MECHANISMS:
             raise FatalError(
                 f"{where}: sasl.mechanism must be one of {', '.join(SASL_MECHANISMS)}, got {mechanism!r}",
-                error_type="configuration",
+                error_type=ErrorType.BAD_CONNECTION,
             )
         options["sasl_mechanism"] = mechanism
         if mechanism == "GSSAPI":
@@ -105,7 +108,7 @@ def client_options(
                 raise FatalError(
                     f"{where}: {mechanism} needs a username and password (the connection's login and password, "
                     "or extra 'sasl.username' / 'sasl.password')",
-                    error_type="configuration",
+                    error_type=ErrorType.BAD_CONNECTION,
                 )
             options["sasl_plain_username"] = str(username)
             options["sasl_plain_password"] = str(secret)
@@ -146,7 +149,7 @@ async def load_client_options(conn_id: str) -> dict[str, Any]:
             options["ssl_context"] = await asyncio.to_thread(_ssl_context, tls)
         except (OSError, ValueError) as exc:
             raise FatalError(
-                f"kafka_conn_id={conn_id!r}: cannot load the TLS settings: {exc}", error_type="configuration"
+                f"kafka_conn_id={conn_id!r}: cannot load the TLS settings: {exc}", error_type=ErrorType.BAD_CONNECTION
             ) from exc
     return options
 
@@ -168,19 +171,19 @@ def classify_kafka_error(exc: BaseException) -> WaitError | None:
 
     name = type(exc).__name__
     if name in _AUTH_ERRORS:
-        return FatalError(f"authentication failed: {name}: {exc}", error_type="authentication")
+        return FatalError(f"authentication failed: {name}: {exc}", error_type=ErrorType.AUTHENTICATION)
     if name in _ACCESS_ERRORS:
-        return FatalError(f"not authorized: {name}: {exc}", error_type="authorization")
+        return FatalError(f"not authorized: {name}: {exc}", error_type=ErrorType.AUTHORIZATION)
     if isinstance(exc, errors.RecordTooLargeError):
-        return FatalError(f"{name}: {exc}", error_type="record_too_large")
+        return FatalError(f"{name}: {exc}", error_type=ErrorType.BAD_REQUEST)
     if isinstance(exc, ssl.SSLError):
-        return FatalError(f"TLS failed: {exc}", error_type="tls")
+        return FatalError(f"TLS failed: {exc}", error_type=ErrorType.TLS)
     if isinstance(exc, errors.KafkaError):
         if getattr(exc, "retriable", False) or isinstance(
             exc, (errors.KafkaConnectionError, errors.KafkaTimeoutError, errors.NodeNotReadyError)
         ):
-            return TransientError(f"{name}: {exc}", error_type="broker")
-        return FatalError(f"{name}: {exc}", error_type="kafka")
+            return TransientError(f"{name}: {exc}", error_type=ErrorType.UNAVAILABLE)
+        return FatalError(f"{name}: {exc}", error_type=ErrorType.BAD_REQUEST)
     return None
 
 
@@ -192,7 +195,7 @@ def _sasl_broke_off(exc: BaseException) -> FatalError:
     """A SASL handshake that ended in something that is neither Kafka's error nor the network's."""
     return FatalError(
         f"authentication failed: the SASL exchange broke off ({type(exc).__name__}: {exc})",
-        error_type="authentication",
+        error_type=ErrorType.AUTHENTICATION,
     )
 
 
@@ -211,9 +214,11 @@ async def _diagnose_bootstrap(options: Mapping[str, Any], exc: BaseException) ->
         network = error is not None or isinstance(probe_error, (OSError, asyncio.TimeoutError))
         if _uses_sasl(options) and not network:
             return _sasl_broke_off(probe_error)
-        return TransientError(f"cannot reach the bootstrap servers: {probe_error}", error_type="broker")
+        return TransientError(f"cannot reach the bootstrap servers: {probe_error}", error_type=ErrorType.UNAVAILABLE)
     conn.close()
-    return TransientError(f"cannot bootstrap from {options['bootstrap_servers']}: {exc}", error_type="broker")
+    return TransientError(
+        f"cannot bootstrap from {options['bootstrap_servers']}: {exc}", error_type=ErrorType.UNAVAILABLE
+    )
 
 
 # ============================================================================== clients
@@ -426,7 +431,7 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int] |
     cluster = ClusterMetadata()
     cluster.update_metadata(response)
     if topic in cluster.unauthorized_topics:
-        raise FatalError(f"not authorized to describe topic {topic!r}", error_type="authorization")
+        raise FatalError(f"not authorized to describe topic {topic!r}", error_type=ErrorType.AUTHORIZATION)
     partitions = cluster.partitions_for_topic(topic)
     return set(partitions) if partitions else None
 

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from airflow_deferrable_kit.conditions import (
+    ASK_PREDICATE,
+    DEFAULT,
     MISSING,
-    Acceptor,
+    ConditionSet,
     Decision,
-    build_acceptors,
-    decide,
     lookup,
     parse_path,
 )
@@ -247,7 +247,7 @@ def canonical_acceptors(
     failure: Iterable[Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Kafka conditions (canonical or grouped sugar) in the canonical JSON form triggers carry."""
-    return build_acceptors(matchers=MATCHERS, acceptors=acceptors, success=success, failure=failure)
+    return ConditionSet.canonicalise(matchers=MATCHERS, acceptors=acceptors, success=success, failure=failure)
 
 
 def canonical_value(value: Any) -> tuple[str, Any] | None:
@@ -270,32 +270,29 @@ Point = tuple[str, str | None]
 class MatchSpec:
     """A waiter's condition: acceptors (data), an optional predicate, and the value format."""
 
-    def __init__(self, acceptors: list[Acceptor], predicate: str | None, value_format: str) -> None:
-        self.acceptors = acceptors
-        self.predicate = predicate
+    def __init__(self, conditions: ConditionSet, value_format: str) -> None:
+        self.conditions = conditions
+        self.acceptors = conditions.acceptors
+        self.predicate = conditions.predicate
         self.value_format = value_format
-        self.has_success = any(a.state == "success" for a in acceptors)
-        self.match_all = not acceptors and predicate is None
+        self.has_success = conditions.has_success
+        self.match_all = not conditions
 
     def evaluate(self, message: KafkaMessage) -> tuple[str, Decision | None] | None:
         """What this message means to the wait: success, failure, "ask the predicate", or nothing.
 
-        Acceptors go first (the first match decides). A success acceptor with a predicate hands
-        the message to the predicate; without any success acceptor, the predicate sees every
-        message the acceptors did not decide. No condition at all: any message matches.
+        The acceptor stage of the one rule (:meth:`ConditionSet.screen`), run for every message
+        the shared reader hands over; the predicate stage runs in the wait itself. No condition
+        at all: any message matches.
         """
-        if self.match_all:
-            return (SUCCESS, None)
         fmt = self.value_format
-        decision, _ = decide(self.acceptors, lambda a: message.lookup(fmt, a.matcher, a.argument))
-        if decision is not None:
-            if decision.state == "failure":
-                return (FAILURE, decision)
-            if decision.state == "retry":
-                return None
-            return (PREDICATE if self.predicate else SUCCESS, decision)
-        if self.predicate is not None and not self.has_success:
-            return (PREDICATE, None)
+        state, decision, _ = self.conditions.screen(lambda a: message.lookup(fmt, a.matcher, a.argument))
+        if state in (DEFAULT, SUCCESS):
+            return (SUCCESS, decision)
+        if state == FAILURE:
+            return (FAILURE, decision)
+        if state == ASK_PREDICATE:
+            return (PREDICATE, decision)
         return None
 
     def index_keys(self) -> list[tuple[Point, tuple[str, Any]]] | None:

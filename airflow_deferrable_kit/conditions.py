@@ -357,6 +357,8 @@ async def run_predicate(path: str, subject: Any) -> str:
 # --------------------------------------------------------------------------------- the rule
 #: The verdict when no condition spoke: the wait's own default decides.
 DEFAULT: Final = "default"
+#: What the acceptor stage says when the predicate must decide.
+ASK_PREDICATE: Final = "predicate"
 #: Longest ``repr`` of a predicate's answer kept in a verdict.
 _RETURNED_CHARS: Final = 200
 
@@ -443,29 +445,49 @@ class ConditionSet:
     def __bool__(self) -> bool:
         return bool(self.acceptors) or self.predicate is not None
 
-    async def evaluate(self, value_of: Callable[[Acceptor], Any], subject: Callable[[], Any]) -> Verdict:
-        """Apply the rule to one subject (a response, a row, a message).
+    def screen(self, value_of: Callable[[Acceptor], Any]) -> tuple[str, Decision | None, dict[str, Any]]:
+        """The acceptor stage of the rule alone, synchronous (a Kafka fan-out screens each message).
 
-        ``value_of(acceptor)`` returns what the acceptor looks at, or :data:`MISSING`;
-        ``subject()`` builds what the predicate receives (only called if it runs).
+        Returns ``(state, decision, observed)``: ``state`` is final (``success``, ``failure``,
+        ``retry``), :data:`DEFAULT` (no conditions at all), or :data:`ASK_PREDICATE` (the
+        predicate decides; ``decision`` is the success acceptor that picked the candidate, if any).
         """
         if not self:
-            return Verdict(DEFAULT, {"state": "success", "matcher": DEFAULT})
+            return DEFAULT, None, {}
         decision, observed = decide(self.acceptors, value_of)
         if decision is not None and (decision.state != "success" or self.predicate is None):
-            return Verdict(decision.state, decision.as_dict(), observed)
+            return decision.state, decision, observed
         if self.predicate is None or (decision is None and self.has_success):
-            return Verdict("retry", None, observed)
-        state, returned = await call_predicate(self.predicate, subject())
+            return "retry", None, observed
+        return ASK_PREDICATE, decision, observed
+
+    async def judge(self, subject: Any, candidate: Decision | None = None) -> Verdict:
+        """The predicate stage: run the predicate on ``subject`` and explain its answer."""
+        assert self.predicate is not None
+        state, returned = await call_predicate(self.predicate, subject)
         decided_by: dict[str, Any] = {
             "state": state,
             "matcher": "predicate",
             "argument": self.predicate,
             "returned": _short_repr(returned),
         }
-        if decision is not None:
-            decided_by["candidate"] = decision.as_dict()
-        return Verdict(state, decided_by, observed)
+        if candidate is not None:
+            decided_by["candidate"] = candidate.as_dict()
+        return Verdict(state, decided_by)
+
+    async def evaluate(self, value_of: Callable[[Acceptor], Any], subject: Callable[[], Any]) -> Verdict:
+        """Apply the whole rule to one subject (a response, a row, a message).
+
+        ``value_of(acceptor)`` returns what the acceptor looks at, or :data:`MISSING`;
+        ``subject()`` builds what the predicate receives (only called if it runs).
+        """
+        state, decision, observed = self.screen(value_of)
+        if state == DEFAULT:
+            return Verdict(DEFAULT, {"state": "success", "matcher": DEFAULT})
+        if state != ASK_PREDICATE:
+            return Verdict(state, decision.as_dict() if decision is not None else None, observed)
+        verdict = await self.judge(subject(), decision)
+        return Verdict(verdict.state, verdict.decided_by, observed)
 
 
 def _short_repr(value: Any) -> str:

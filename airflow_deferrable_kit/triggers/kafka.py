@@ -55,14 +55,9 @@ from airflow_deferrable_kit._kafka_messages import (
     capped_actual,
 )
 from airflow_deferrable_kit._kafka_reader import OwnPace, TopicReader, open_consumer, read_on_own
-from airflow_deferrable_kit.conditions import (
-    Decision,
-    import_predicate,
-    load_acceptors,
-    run_predicate,
-    validate_predicate_path,
-)
-from airflow_deferrable_kit.payload import ConditionFailed, FatalError, Found, WaitError
+from airflow_deferrable_kit.conditions import ConditionSet, Decision, import_predicate
+from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, WaitError
+from airflow_deferrable_kit.payload import Found
 from airflow_deferrable_kit.triggers.base import PollingTrigger
 
 START_FROM: Final = ("timestamp", "earliest", "committed")
@@ -105,7 +100,7 @@ class KafkaMessageTrigger(PollingTrigger):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._spec = MatchSpec(load_acceptors(self.acceptors, matchers=MATCHERS), self.predicate, self.value_format)
+        self._spec = MatchSpec(self._conditions, self.value_format)
         self._waiter: Waiter | None = None
         self._pending_topics: list[str] = []
         #: Consumers of its own, for catching up when its predicate fell behind the shared reader.
@@ -148,13 +143,7 @@ class KafkaMessageTrigger(PollingTrigger):
                 )
             if self.value_format == "text" and acceptor["matcher"] == "path":
                 raise ValueError(f"acceptors[{i}]: matcher 'path' needs value_format 'json'")
-        if self.predicate is not None:
-            validate_predicate_path(self.predicate)
-        if self.acceptors and self.predicate is None and not any(a["state"] == "success" for a in self.acceptors):
-            raise ValueError(
-                "acceptors: the conditions can never succeed; add a success condition or a predicate "
-                "(with no condition at all, the first message matches)"
-            )
+        self._conditions = ConditionSet.load(self.acceptors, self.predicate, matchers=MATCHERS)
         if self.start_from not in START_FROM:
             raise ValueError(f"start_from must be one of {', '.join(START_FROM)}, got {self.start_from!r}")
         if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
@@ -236,7 +225,7 @@ class KafkaMessageTrigger(PollingTrigger):
         try:
             await asyncio.to_thread(import_predicate, self.predicate)
         except ValueError as exc:
-            raise FatalError(str(exc), error_type="predicate") from exc
+            raise FatalError(str(exc), error_type=ErrorType.PREDICATE_ERROR) from exc
 
     async def _join(self, topic: str) -> None:
         """Lease the topic's shared reader, resolve where this wait starts, attach or fall behind."""
@@ -272,7 +261,7 @@ class KafkaMessageTrigger(PollingTrigger):
         return FatalError(
             f"topic {topic!r} does not exist on kafka_conn_id={self.kafka_conn_id!r} "
             "(set wait_for_topic=True to wait for it)",
-            error_type="unknown_topic",
+            error_type=ErrorType.NOT_FOUND,
         )
 
     async def _settle(self, message: KafkaMessage, kind: str, decision: Decision | None) -> Found | None:
@@ -282,27 +271,17 @@ class KafkaMessageTrigger(PollingTrigger):
             matched = decision.as_dict()
             matched["actual"] = capped_actual(matched["actual"])
         if kind == PREDICATE:
-            assert self.predicate is not None and self._waiter is not None
             try:
-                state = await run_predicate(self.predicate, message.subject(self.value_format))
-            except asyncio.CancelledError:
+                verdict = await self._conditions.judge(message.subject(self.value_format), decision)
+            except FatalError as exc:  # the predicate raised: the wait ends, naming it and the message
+                exc.message = f"{exc.message} (on message {message.topic}[{message.partition}]@{message.offset})"
                 raise
-            except Exception as exc:
-                self._waiter.counts["predicate_error"] += 1
-                self.log.warning(
-                    "Predicate %s raised on %s[%d]@%d; skipping the message: %s: %s",
-                    self.predicate,
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                    type(exc).__name__,
-                    exc,
-                )
+            if verdict.state == "retry":
                 return None
-            if state == "retry":
-                return None
-            kind = SUCCESS if state == "success" else FAILURE
-            matched = {"predicate": self.predicate, "result": state, **({"acceptor": matched} if matched else {})}
+            kind = SUCCESS if verdict.state == "success" else FAILURE
+            matched = dict(verdict.decided_by or {})
+            if "candidate" in matched:
+                matched["candidate"]["actual"] = capped_actual(matched["candidate"]["actual"])
         data = self._payload(message, matched)
         if kind == SUCCESS:
             return Found(data)

@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from airflow_deferrable_kit._kafka_messages import MATCHERS, MatchSpec
-from airflow_deferrable_kit.conditions import load_acceptors
+from airflow_deferrable_kit.conditions import ConditionSet
 
 BASE_TIMESTAMP = 1_700_000_000_000
 
@@ -44,7 +44,7 @@ def record(value: bytes | None, *, key: bytes | None = b"k", headers: Any = (), 
 
 def spec(acceptors: list[dict[str, Any]], predicate: str | None = None, value_format: str = "json") -> MatchSpec:
     """A wait's condition from canonical acceptors, as the trigger builds it."""
-    return MatchSpec(load_acceptors(acceptors, matchers=MATCHERS), predicate, value_format)
+    return MatchSpec(ConditionSet.load(acceptors, predicate, matchers=MATCHERS), value_format)
 
 
 @dataclasses.dataclass(frozen=True)

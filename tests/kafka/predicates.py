@@ -20,7 +20,7 @@ async def async_status(message: dict[str, Any]) -> str:
 
 
 def explodes_on_odd(message: dict[str, Any]) -> bool:
-    """Raises on odd ``n`` (the wait skips and counts those); true on ``n == 10``."""
+    """Raises on odd ``n`` (which ends the wait with a predicate_error); true on ``n == 10``."""
     n = message["value"]["n"]
     if n % 2:
         raise RuntimeError(f"odd {n}")

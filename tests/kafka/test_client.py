@@ -84,10 +84,10 @@ def test_bad_connection_is_a_fatal_configuration_error(fields: dict[str, Any], m
 @pytest.mark.parametrize(
     ("exc", "kind", "error_type"),
     [
-        (errors.KafkaConnectionError("refused"), TransientError, "broker"),
-        (errors.RequestTimedOutError(), TransientError, "broker"),
-        (errors.NotLeaderForPartitionError(), TransientError, "broker"),
-        (errors.KafkaTimeoutError(), TransientError, "broker"),
+        (errors.KafkaConnectionError("refused"), TransientError, "unavailable"),
+        (errors.RequestTimedOutError(), TransientError, "unavailable"),
+        (errors.NotLeaderForPartitionError(), TransientError, "unavailable"),
+        (errors.KafkaTimeoutError(), TransientError, "unavailable"),
         (errors.SaslAuthenticationFailed("bad password"), FatalError, "authentication"),
         (errors.UnsupportedSaslMechanismError(), FatalError, "authentication"),
         (errors.TopicAuthorizationFailedError(), FatalError, "authorization"),

@@ -157,12 +157,15 @@ async def test_predicates_sync_async_and_raising(bootstrap: str, kafka_conn: str
         e.payload
         for e in await asyncio.gather(*(run_trigger(t, timeout=20) for t in (sync, a_sync, raising, filtered)))
     ]
-    assert [r["status"] for r in results] == ["success"] * 4
-    assert results[0]["value"]["n"] == 12 and results[0]["matched"]["predicate"].endswith("total_over_100")
+    assert [r["status"] for r in results] == ["success", "success", "error", "success"]
+    assert results[0]["value"]["n"] == 12 and results[0]["matched"]["argument"].endswith("total_over_100")
+    assert results[0]["matched"]["returned"] == "True"
     assert results[1]["value"]["n"] == 12
-    assert results[2]["value"]["n"] == 10
-    assert results[2]["skipped"]["predicate_error"] == 5  # n = 1, 3, 5, 7, 9 raised and were skipped
-    assert results[3]["value"]["n"] == 12 and results[3]["matched"]["acceptor"]["argument"] == "state"
+    # A predicate that raises ends the wait at once, naming the predicate and the message (n = 1).
+    assert results[2]["error_type"] == "predicate_error"
+    assert "explodes_on_odd" in results[2]["message"] and "RuntimeError: odd 1" in results[2]["message"]
+    assert f"{topic}[0]@1" in results[2]["message"]
+    assert results[3]["value"]["n"] == 12 and results[3]["matched"]["candidate"]["argument"] == "state"
 
 
 async def test_failure_condition_ends_with_the_message_coordinates(bootstrap: str, kafka_conn: str, topic: str) -> None:
