@@ -56,7 +56,7 @@ def test_start_moment_is_fixed_when_built_and_kept_in_kwargs() -> None:
         ({"topics": ["a"], "acceptors": [{"state": "success", "matcher": "offset", "expected": 1}]}, "matcher"),
         (
             {"topics": ["a"], "acceptors": [{"state": "failure", "matcher": "key", "expected": "x"}]},
-            "can never succeed",
+            "could never succeed",
         ),
         (
             {
