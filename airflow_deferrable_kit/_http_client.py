@@ -31,6 +31,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
 from airflow_deferrable_kit.connections import get_connection, get_extra
 from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
 from airflow_deferrable_kit.payload import truncate_text
@@ -109,9 +110,6 @@ async def close_session(session: aiohttp.ClientSession) -> None:
 
 
 # ------------------------------------------------------------------------- the target
-_ssl_contexts: dict[str, ssl.SSLContext] = {}
-
-
 async def _ssl_for(verify: Any) -> bool | ssl.SSLContext:
     """``verify`` from the connection extra: true/false, or a CA bundle path (loaded off the loop)."""
     if verify is None or verify is True:
@@ -122,17 +120,7 @@ async def _ssl_for(verify: Any) -> bool | ssl.SSLContext:
         lowered = verify.strip().lower()
         if lowered in ("true", "false"):
             return lowered == "true"
-        context = _ssl_contexts.get(verify)
-        if context is None:
-            try:
-                context = await asyncio.to_thread(ssl.create_default_context, cafile=verify)
-            except (OSError, ssl.SSLError) as exc:
-                raise FatalError(
-                    f"connection extra 'verify' names CA bundle {verify!r}, which cannot be loaded: {exc}",
-                    error_type=ErrorType.BAD_CONNECTION,
-                ) from exc
-            _ssl_contexts[verify] = context
-        return context
+        return await build_ssl_context(TlsFiles(cafile=verify), where=f"connection extra 'verify' ({verify!r})")
     raise FatalError(
         f"connection extra 'verify' must be true, false or a CA bundle path, got {verify!r}",
         error_type=ErrorType.BAD_CONNECTION,

@@ -17,6 +17,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
 from airflow_deferrable_kit.connections import get_connection, get_extra
 from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
@@ -125,18 +126,6 @@ def client_options(
     return options, tls
 
 
-def _ssl_context(tls: Mapping[str, Any]) -> ssl.SSLContext:
-    """Build the TLS context (reads certificate files, so it runs in a worker thread)."""
-    from aiokafka.helpers import create_ssl_context
-
-    context = create_ssl_context(
-        cafile=tls["cafile"], certfile=tls["certfile"], keyfile=tls["keyfile"], password=tls["password"]
-    )
-    if not tls["check_hostname"]:
-        context.check_hostname = False
-    return context
-
-
 async def load_client_options(conn_id: str) -> dict[str, Any]:
     """Resolve ``conn_id`` in the triggerer into aiokafka kwargs (secrets never leave this call)."""
     conn = await get_connection(conn_id, argument="kafka_conn_id")
@@ -145,12 +134,8 @@ async def load_client_options(conn_id: str) -> dict[str, Any]:
         conn_id=conn_id, host=conn.host, port=conn.port, login=conn.login, password=conn.password, extra=extra
     )
     if tls is not None:
-        try:
-            options["ssl_context"] = await asyncio.to_thread(_ssl_context, tls)
-        except (OSError, ValueError) as exc:
-            raise FatalError(
-                f"kafka_conn_id={conn_id!r}: cannot load the TLS settings: {exc}", error_type=ErrorType.BAD_CONNECTION
-            ) from exc
+        files = TlsFiles(tls["cafile"], tls["certfile"], tls["keyfile"], tls["password"], bool(tls["check_hostname"]))
+        options["ssl_context"] = await build_ssl_context(files, where=f"kafka_conn_id={conn_id!r}")
     return options
 
 

@@ -25,7 +25,7 @@ from airflow_deferrable_kit.conditions import (
     lookup,
     parse_path,
 )
-from airflow_deferrable_kit.payload import truncate_text
+from airflow_deferrable_kit.payload import cap_text, cap_value
 
 #: Matchers a Kafka condition may use, and whether each takes an argument.
 MATCHERS: Final = {"key": False, "value": False, "path": True, "header": True}
@@ -207,17 +207,7 @@ class KafkaMessage:
         }
 
 
-def _cap(text: str, limit: int) -> tuple[str, bool]:
-    """Cut ``text`` so its JSON encoding (non-ASCII escaped) fits in about ``limit`` characters."""
-    if len(text) * 12 + 2 <= limit:  # no character takes more than 12 escaped: it fits as it is
-        return text, False
-    encoded = len(json.dumps(text))
-    if encoded <= limit:
-        return text, False
-    keep = len(text)
-    while keep > 0 and len(json.dumps(text[:keep])) > limit:
-        keep = int(keep * limit / len(json.dumps(text[:keep])) * 0.95)
-    return truncate_text(text, max(keep, 0)), True
+_cap = cap_text  # the one capper, in bytes of JSON
 
 
 def _readable(raw: bytes) -> str:
@@ -231,12 +221,7 @@ def _parsed_path(path: str) -> tuple[str | int, ...]:
 
 def capped_actual(value: Any) -> Any:
     """A decision's observed value, cut down to a short excerpt if it is a large document."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, str) and len(value) * 12 + 2 <= MAX_ACTUAL_CHARS:
-        return value
-    text = json.dumps(value, separators=(",", ":"), default=str)
-    return value if len(text) <= MAX_ACTUAL_CHARS else _cap(text, MAX_ACTUAL_CHARS)[0]
+    return cap_value(value, MAX_ACTUAL_CHARS)
 
 
 # ============================================================================ conditions

@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._kafka_client import (
     CommittedOffsets,
     clamp_to_log,
@@ -33,6 +32,7 @@ from airflow_deferrable_kit._kafka_client import (
 )
 from airflow_deferrable_kit._kafka_fanout import CatchUpPass, FanOut, Waiter
 from airflow_deferrable_kit._kafka_messages import KafkaMessage
+from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit.conditions import Decision
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
@@ -284,9 +284,9 @@ class TopicReader(FanOut):
         error = classify_kafka_error(exc) or TransientError(f"{type(exc).__name__}: {exc}")
         if not isinstance(error, TransientError):
             raise error from exc
-        delay = random.uniform(0.0, min(30.0, 0.5 * 2.0**failures))
+        delay = full_jitter(failures, base=0.5, cap=30.0)
         log.warning("Kafka %s for %s: %s; retrying in %.2fs", what, self.topic, error.message, delay)
-        await asyncio.sleep(max(delay, 0.1))
+        await asyncio.sleep(delay)
 
     def _fail(self, error: WaitError) -> None:
         log.error("Kafka reader for %s failed: %s", self.topic, error.message)
@@ -499,14 +499,11 @@ class OwnPace:
             del self._slots_held[topic]
 
 
-_catchup_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
-    weakref.WeakKeyDictionary()
-)
+_catchup_slots: PerLoop[dict[str, asyncio.Semaphore]] = PerLoop(dict)
 
 
 def _catchup_slot(conn_id: str) -> asyncio.Semaphore:
-    loop = asyncio.get_running_loop()
-    slots = _catchup_slots.setdefault(loop, {})
+    slots = _catchup_slots.get()
     if conn_id not in slots:
         slots[conn_id] = asyncio.Semaphore(MAX_CATCHUPS_PER_CONNECTION)
     return slots[conn_id]

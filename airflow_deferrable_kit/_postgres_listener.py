@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from typing import TYPE_CHECKING, Any
 
+from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._postgres_client import connect_options
 
 if TYPE_CHECKING:
@@ -93,8 +93,7 @@ class ChannelListener:
             finally:
                 if conn is not None:
                     conn.terminate()
-            ceiling = min(LISTEN_RETRY_CAP, LISTEN_RETRY_BASE * 2.0 ** min(failures, 10))
-            await asyncio.sleep(random.uniform(LISTEN_RETRY_BASE / 2, max(ceiling, LISTEN_RETRY_BASE)))
+            await asyncio.sleep(full_jitter(failures, base=LISTEN_RETRY_BASE, cap=LISTEN_RETRY_CAP))
 
     async def close(self) -> None:
         self._waiters.clear()

@@ -395,7 +395,7 @@ class ConditionSet:
 
     Built once per trigger from the canonical JSON its kwargs carry (:meth:`load`), or from a
     sensor's arguments including the ``success=`` / ``failure=`` / ``retry=`` shorthand
-    (:meth:`from_arguments`); both refuse a set that could never succeed.
+    (:meth:`canonicalise`); loading refuses a set that could never succeed.
     """
 
     def __init__(self, acceptors: Sequence[Acceptor], predicate: str | None = None) -> None:

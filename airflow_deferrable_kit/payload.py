@@ -123,6 +123,30 @@ def truncate_text(text: str, limit: int) -> str:
     return text[:limit] + _cut_marker(len(text) - limit)
 
 
+def cap_text(text: str, limit: int) -> tuple[str, bool]:
+    """Cut ``text`` so its JSON form (non-ASCII escaped) is about ``limit`` bytes; say if it was cut.
+
+    The cut is marked (``... [N more characters]``); the marker may take the result a few dozen
+    bytes past ``limit``, which :func:`fit_payload` allows for.
+    """
+    if len(text) * 12 + 2 <= limit:  # no character takes more than 12 bytes escaped: it fits
+        return text, False
+    if json_size(text) <= limit:
+        return text, False
+    keep = _prefix_within(text, limit)
+    return text[:keep] + _cut_marker(len(text) - keep), True
+
+
+def cap_value(value: Any, limit: int) -> Any:
+    """A JSON value as it is if its JSON form fits ``limit`` bytes, else a marked cut of that text."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return cap_text(value, limit)[0]
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    return value if len(text) <= limit else cap_text(text, limit)[0]
+
+
 def _cut_marker(cut: int) -> str:
     return f"... [{cut} more characters]"
 
@@ -284,6 +308,8 @@ __all__ = [
     "TransientError",
     "WaitError",
     "build_payload",
+    "cap_text",
+    "cap_value",
     "error_payload",
     "fit_payload",
     "json_safe",

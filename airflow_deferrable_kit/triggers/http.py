@@ -13,7 +13,6 @@ Neither imports ``aiohttp`` at module level, so the sensor imports without the `
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
@@ -42,7 +41,7 @@ from airflow_deferrable_kit.conditions import (
     parse_path,
 )
 from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, TransientError, WaitError
-from airflow_deferrable_kit.payload import truncate_text
+from airflow_deferrable_kit.payload import cap_value, truncate_text
 from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
 
 #: Matchers an HTTP acceptor may use, and whether each takes an argument.
@@ -68,12 +67,7 @@ class _Unreadable(Exception):
 
 def _cap_value(value: Any) -> Any:
     """Keep a JSON value if small, else a marked cut of its JSON text (payloads stay bounded)."""
-    if value is MISSING:
-        return None
-    text = json.dumps(value, separators=(",", ":"), default=str)
-    if len(text) <= MAX_VALUE_CHARS:
-        return value
-    return truncate_text(text, MAX_VALUE_CHARS)
+    return None if value is MISSING else cap_value(value, MAX_VALUE_CHARS)
 
 
 # ------------------------------------------------------------------------------ trigger

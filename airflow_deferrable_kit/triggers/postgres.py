@@ -34,6 +34,7 @@ from airflow_deferrable_kit.payload import (
     Found,
     TransientError,
     WaitError,
+    cap_value,
     truncate_text,
 )
 from airflow_deferrable_kit.triggers.base import PollingTrigger
@@ -198,8 +199,7 @@ def cap_row(row: dict[str, Any], *, limit: int = ROW_LIMIT_BYTES) -> tuple[dict[
     truncated: list[str] = []
     for key, value in row.items():
         if size(value) > VALUE_LIMIT_CHARS:
-            text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-            capped[key] = truncate_text(text, VALUE_LIMIT_CHARS)
+            capped[key] = cap_value(value, VALUE_LIMIT_CHARS)
             truncated.append(key)
         else:
             capped[key] = value
@@ -476,10 +476,8 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
 def _capped_decision(decided_by: dict[str, Any]) -> dict[str, Any]:
     """The decision for the payload, with the value it saw cut like any other column value."""
     out = dict(decided_by)
-    actual = out.get("actual")
-    if actual is not None and len(json.dumps(actual, separators=(",", ":"))) > VALUE_LIMIT_CHARS:
-        text = actual if isinstance(actual, str) else json.dumps(actual, separators=(",", ":"))
-        out["actual"] = truncate_text(text, VALUE_LIMIT_CHARS)
+    if out.get("actual") is not None:
+        out["actual"] = cap_value(out["actual"], VALUE_LIMIT_CHARS)
     return out
 
 
