@@ -422,17 +422,9 @@ class ConditionSet:
         conditions.refuse_never_succeeding()
         return conditions
 
-    @staticmethod
-    def canonicalise(
-        *,
-        matchers: Mapping[str, bool],
-        acceptors: Iterable[Mapping[str, Any]] | None = None,
-        success: Iterable[Mapping[str, Any]] | None = None,
-        failure: Iterable[Mapping[str, Any]] | None = None,
-        retry: Iterable[Mapping[str, Any]] | None = None,
-    ) -> list[dict[str, Any]]:
-        """The shorthand and canonical forms merged into the canonical JSON triggers carry."""
-        return build_acceptors(matchers=matchers, acceptors=acceptors, success=success, failure=failure, retry=retry)
+    #: The shorthand and canonical forms merged into the canonical JSON triggers carry (the one
+    #: place the ``success=`` / ``failure=`` / ``retry=`` shorthand is turned into acceptors).
+    canonicalise = staticmethod(build_acceptors)
 
     def refuse_never_succeeding(self) -> None:
         """A set with acceptors, none of them success, and no predicate can never be met."""
