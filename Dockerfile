@@ -18,8 +18,9 @@ ARG AIRFLOW_CONSTRAINTS_URL=""
 USER airflow
 
 # Copy only what the build needs (see .dockerignore): the metadata, the README (used as the long
-# description) and the code. The target is a folder the airflow user owns, so it can be removed afterwards.
-COPY --chown=airflow:0 pyproject.toml README.md /home/airflow/airflow-deferrable-kit-src/
+# description), the LICENSE (pyproject's license-files) and the code. The target is a folder the
+# airflow user owns, so it can be removed afterwards.
+COPY --chown=airflow:0 pyproject.toml README.md LICENSE /home/airflow/airflow-deferrable-kit-src/
 COPY --chown=airflow:0 airflow_deferrable_kit /home/airflow/airflow-deferrable-kit-src/airflow_deferrable_kit
 
 RUN set -eux; \

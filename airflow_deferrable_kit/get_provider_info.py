@@ -1,4 +1,11 @@
-"""Provider metadata for Airflow's providers manager (``apache_airflow_provider`` entry point)."""
+"""Provider metadata for Airflow's providers manager (``apache_airflow_provider`` entry point).
+
+It follows the shape of an official provider's ``get_provider_info()``: one integration per
+external system the kit waits on, and ``sensors`` / ``triggers`` groups that name their
+integration, so Airflow's providers listing shows each wait where a user would look for it.
+Airflow takes the provider's documentation link from ``[project.urls] Documentation`` in
+pyproject.toml; the integration links below point at the page of each wait in the same docs.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,30 @@ from typing import Any
 
 from airflow_deferrable_kit import __version__
 
-_WAITS = ("temporal", "s3", "http", "postgres", "kafka")
+REPOSITORY_URL = "https://github.com/airflow-deferrable-kit/airflow-deferrable-kit"
+DOCS_URL = f"{REPOSITORY_URL}/tree/main/docs"
+
+# (module name under sensors/ and triggers/, integration name, docs page under docs/, tags).
+# Names and tags follow the official providers' integrations for the same systems; tags come
+# from the closed list in Airflow's provider.yaml schema.
+_WAITS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("s3", "Amazon Simple Storage Service (S3)", "sensors/s3.md", ("aws",)),
+    ("http", "Hypertext Transfer Protocol (HTTP)", "sensors/http.md", ("protocol",)),
+    ("postgres", "PostgreSQL", "sensors/postgres.md", ("software",)),
+    ("kafka", "Apache Kafka", "sensors/kafka.md", ("apache",)),
+    ("temporal", "Date and time", "sensors/datetime.md", ("apache",)),
+)
+# The base trigger and sensor are for writing your own waits; they get an integration of their own.
+_OWN_WAITS = ("Deferrable Kit: your own waits", "writing-your-own-wait.md", ("apache",))
+
+
+def _doc_url(page: str) -> str:
+    """The web address of one page under docs/ in the repository."""
+    return f"{REPOSITORY_URL}/blob/main/docs/{page}"
 
 
 def get_provider_info() -> dict[str, Any]:
+    own_name, own_page, own_tags = _OWN_WAITS
     return {
         "package-name": "airflow-deferrable-kit",
         "name": "Deferrable Kit",
@@ -17,24 +44,24 @@ def get_provider_info() -> dict[str, Any]:
         "and wall-clock waits, plus a base trigger for writing your own.",
         "versions": [__version__],
         "integrations": [
-            {
-                "integration-name": "Deferrable Kit",
-                "external-doc-url": "https://pypi.org/project/airflow-deferrable-kit/",
-            }
+            *(
+                {"integration-name": name, "external-doc-url": _doc_url(page), "tags": list(tags)}
+                for _, name, page, tags in _WAITS
+            ),
+            {"integration-name": own_name, "external-doc-url": _doc_url(own_page), "tags": list(own_tags)},
         ],
         "sensors": [
-            {
-                "integration-name": "Deferrable Kit",
-                "python-modules": [f"airflow_deferrable_kit.sensors.{wait}" for wait in _WAITS],
-            }
+            *(
+                {"integration-name": name, "python-modules": [f"airflow_deferrable_kit.sensors.{module}"]}
+                for module, name, _, _ in _WAITS
+            ),
+            {"integration-name": own_name, "python-modules": ["airflow_deferrable_kit.sensors.base"]},
         ],
         "triggers": [
-            {
-                "integration-name": "Deferrable Kit",
-                "python-modules": [
-                    "airflow_deferrable_kit.triggers.base",
-                    *(f"airflow_deferrable_kit.triggers.{wait}" for wait in _WAITS),
-                ],
-            }
+            *(
+                {"integration-name": name, "python-modules": [f"airflow_deferrable_kit.triggers.{module}"]}
+                for module, name, _, _ in _WAITS
+            ),
+            {"integration-name": own_name, "python-modules": ["airflow_deferrable_kit.triggers.base"]},
         ],
     }

@@ -485,6 +485,7 @@ def test_dockerignore_keeps_the_context_to_the_package() -> None:
     for needed in (
         "pyproject.toml",
         "README.md",
+        "LICENSE",
         "airflow_deferrable_kit/__init__.py",
         "airflow_deferrable_kit/py.typed",
     ):

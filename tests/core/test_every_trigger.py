@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+from types import GenericAlias
 from typing import Any
 
 import pytest
@@ -42,7 +43,8 @@ def registered_triggers() -> list[type[PollingTrigger]]:
     for group in get_provider_info()["triggers"]:
         for module_name in group["python-modules"]:
             module = importlib.import_module(module_name)
-            for _, cls in inspect.getmembers(module, inspect.isclass):
+            # Python 3.10 counts aliases such as ``list[str]`` as classes; they are not triggers.
+            for _, cls in inspect.getmembers(module, lambda m: inspect.isclass(m) and not isinstance(m, GenericAlias)):
                 if issubclass(cls, PollingTrigger) and cls is not PollingTrigger and cls.__module__ == module_name:
                     found.append(cls)
     return found

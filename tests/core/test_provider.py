@@ -1,12 +1,40 @@
-"""Packaging: Airflow's providers manager finds the package with its sensors and triggers."""
+"""Packaging: Airflow's providers manager finds the package with its sensors and triggers, and the
+provider metadata is what Airflow's own schemas accept."""
 
 from __future__ import annotations
 
 import importlib
+import json
+import pkgutil
+import sys
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
 
+import jsonschema
+import pytest
 from airflow.providers_manager import ProvidersManager
 
-from airflow_deferrable_kit.get_provider_info import get_provider_info
+import airflow_deferrable_kit.sensors
+import airflow_deferrable_kit.triggers
+from airflow_deferrable_kit.get_provider_info import DOCS_URL, REPOSITORY_URL, get_provider_info
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest brings tomli on Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _airflow_schema(name: str) -> dict[str, Any]:
+    """One of the JSON schemas that ship inside the installed apache-airflow."""
+    schema: dict[str, Any] = json.loads(files("airflow").joinpath(name).read_text())
+    return schema
+
+
+def _listed_modules(key: str) -> set[str]:
+    return {m for group in get_provider_info()[key] for m in group["python-modules"]}
 
 
 def test_providers_manager_lists_the_package_with_its_triggers_and_sensors() -> None:
@@ -19,9 +47,64 @@ def test_providers_manager_lists_the_package_with_its_triggers_and_sensors() -> 
     assert "airflow_deferrable_kit.sensors.temporal" in sensor_modules
 
 
-def test_every_listed_module_imports() -> None:
+def test_providers_manager_links_the_repository_docs() -> None:
+    """Airflow shows ``[project.urls] Documentation`` of the installed package as the provider's docs."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["urls"]["Documentation"] == DOCS_URL
+    assert pyproject["project"]["urls"]["Source"] == REPOSITORY_URL
+    info = ProvidersManager().providers["airflow-deferrable-kit"].data
+    # Airflow 3.2.0 keeps the blank after the comma of "Documentation, <url>"; later versions strip it.
+    assert info["documentation-url"].strip() == DOCS_URL, "installed metadata is stale: reinstall with `make venv`"
+
+
+def test_provider_info_is_valid_against_airflows_own_schema() -> None:
+    jsonschema.validate(get_provider_info(), _airflow_schema("provider_info.schema.json"))
+
+
+def test_integrations_follow_the_provider_yaml_schema() -> None:
+    """The stricter provider.yaml schema official providers are held to: required keys, known tags."""
+    integration_schema = _airflow_schema("provider.yaml.schema.json")["properties"]["integrations"]
+    integrations = get_provider_info()["integrations"]
+    jsonschema.validate(integrations, integration_schema)
+    assert len({i["integration-name"] for i in integrations}) == len(integrations)
+
+
+def test_there_is_one_integration_per_wait() -> None:
+    names = {i["integration-name"] for i in get_provider_info()["integrations"]}
+    assert {
+        "Amazon Simple Storage Service (S3)",
+        "Hypertext Transfer Protocol (HTTP)",
+        "PostgreSQL",
+        "Apache Kafka",
+        "Date and time",
+    } <= names
+
+
+@pytest.mark.parametrize("key", ["sensors", "triggers"])
+def test_every_group_names_an_integration_the_provider_declares(key: str) -> None:
     info = get_provider_info()
-    modules = [m for key in ("sensors", "triggers") for group in info[key] for m in group["python-modules"]]
+    declared = {i["integration-name"] for i in info["integrations"]}
+    assert {group["integration-name"] for group in info[key]} <= declared
+
+
+@pytest.mark.parametrize(
+    ("key", "package"), [("sensors", airflow_deferrable_kit.sensors), ("triggers", airflow_deferrable_kit.triggers)]
+)
+def test_every_sensor_and_trigger_module_is_listed(key: str, package: Any) -> None:
+    shipped = {f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)}
+    assert _listed_modules(key) == shipped
+
+
+def test_every_integration_links_a_docs_page_that_exists() -> None:
+    prefix = f"{REPOSITORY_URL}/blob/main/"
+    for integration in get_provider_info()["integrations"]:
+        url = integration["external-doc-url"]
+        assert url.startswith(prefix), url
+        assert (ROOT / url.removeprefix(prefix)).is_file(), url
+
+
+def test_every_listed_module_imports() -> None:
+    modules = _listed_modules("sensors") | _listed_modules("triggers")
     assert modules
     for module in modules:
         importlib.import_module(module)
@@ -29,10 +112,8 @@ def test_every_listed_module_imports() -> None:
 
 def test_trigger_modules_import_nothing_from_the_sensor_side() -> None:
     import subprocess
-    import sys
 
-    info = get_provider_info()
-    modules = [m for group in info["triggers"] for m in group["python-modules"]]
+    modules = sorted(_listed_modules("triggers"))
     code = (
         f"import sys, {', '.join(modules)}; "
         "bad = [m for m in sys.modules if m.startswith('airflow_deferrable_kit.sensors')]; "
