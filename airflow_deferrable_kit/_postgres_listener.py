@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._postgres_client import connect_options
+from airflow_deferrable_kit._redact import redact
+from airflow_deferrable_kit.errors import describe_exception
 
 if TYPE_CHECKING:
     import asyncpg
@@ -84,11 +86,10 @@ class ChannelListener:
             except Exception as exc:
                 failures += 1
                 log.warning(
-                    "Cannot LISTEN on channel %r (%s): %s: %s; polling continues meanwhile",
+                    "Cannot LISTEN on channel %r (%s): %s; polling continues meanwhile",
                     self.channel,
                     self.conn_id,
-                    type(exc).__name__,
-                    exc,
+                    redact(describe_exception(exc)),
                 )
             finally:
                 if conn is not None:

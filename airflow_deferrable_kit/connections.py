@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit._redact import register_connection
 from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError
 
 if TYPE_CHECKING:
@@ -93,9 +94,12 @@ async def _lookup(conn_id: str) -> Connection:
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
-        return await BaseHook.aget_connection(conn_id)
+        conn = await BaseHook.aget_connection(conn_id)
     except AirflowNotFoundException as exc:
         raise LookupError(conn_id) from exc
+    # Its secrets are known from now on, so no payload, message or log line of ours can carry them.
+    register_connection(conn, await get_extra(conn))
+    return conn
 
 
 async def get_extra(conn: Connection) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
+from airflow_deferrable_kit._redact import redact_value
 from airflow_deferrable_kit.errors import (
     ConditionFailed,
     ErrorType,
@@ -278,7 +279,7 @@ def build_payload(status: Status, data: Mapping[str, Any] | None = None, **field
             raise PayloadError(f"payload data may not use the reserved key {key!r}")
         payload[key] = value
     payload.update(fields)
-    return fit_payload(json_safe(payload, _path="$"))
+    return fit_payload(redact_value(json_safe(payload, _path="$")))
 
 
 def success_payload(found: Found) -> dict[str, Any]:

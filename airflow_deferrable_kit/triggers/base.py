@@ -34,6 +34,7 @@ from typing_extensions import dataclass_transform
 
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
 from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.clients import Closer, Factory, Leases
 from airflow_deferrable_kit.errors import ErrorType, describe_exception, is_unknown_host
 from airflow_deferrable_kit.extras import require_extra
@@ -344,7 +345,7 @@ class PollingTrigger(BaseTrigger):
                 else:
                     reached = True
                 if not isinstance(error, TransientError):
-                    self.log.error("Wait failed (%s): %s", error.error_type, error.message)
+                    self.log.error("Wait failed (%s): %s", error.error_type, redact(error.message))
                     return self._safe(error_payload, error.error_type, error.message, error.details)
                 failures += 1
                 self._last_error = error
@@ -353,7 +354,7 @@ class PollingTrigger(BaseTrigger):
                     "Transient error %d (%s): %s; retrying in %.2fs",
                     failures,
                     error.error_type,
-                    error.message,
+                    redact(error.message),
                     delay,
                 )
             else:
@@ -413,7 +414,7 @@ class PollingTrigger(BaseTrigger):
         last = getattr(self, "_last_error", None)
         if last is not None:
             message += f"; last transient error ({last.error_type}): {last.message}"
-        self.log.info("Wait timed out: %s", message)
+        self.log.info("Wait timed out: %s", redact(message))
         return timeout_payload(message)
 
     def _safe(self, build: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -457,7 +458,7 @@ class PollingTrigger(BaseTrigger):
         except Exception as exc:
             error = self.classify_error(exc)
             if isinstance(error, TransientError):
-                self.log.warning("Transient error (%s): %s; will poke again", error.error_type, error.message)
+                self.log.warning("Transient error (%s): %s; will poke again", error.error_type, redact(error.message))
                 return None
             return self._safe(error_payload, error.error_type, error.message, error.details)
         finally:

@@ -30,6 +30,7 @@ from airflow_deferrable_kit._http_client import (
     resolve_target,
     send,
 )
+from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import (
     DEFAULT,
     MISSING,
@@ -313,7 +314,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
                     "%s %s returned %s (%s) but the body is not JSON, so the path conditions cannot be "
                     "evaluated; taken as not yet (%d of %d in a row before the wait fails): %s",
                     context["method"], context["url"], response.status, content_type,
-                    self._unreadable_bodies, MAX_UNREADABLE_BODIES, response.excerpt(200),
+                    self._unreadable_bodies, MAX_UNREADABLE_BODIES, redact(response.excerpt(200)),
                 )  # fmt: skip
                 self._last = f"last response: {response.status} ({content_type}), not JSON"
                 return None
@@ -342,10 +343,9 @@ class HttpBatchReadyTrigger(PollingTrigger):
     def classify_error(self, exc: Exception) -> WaitError:
         if isinstance(exc, WaitError):
             return exc
-        error = classify_aiohttp_error(exc) or super().classify_error(exc)
-        if isinstance(error, TransientError):
-            self._last = truncate_text(f"last error: {error.message}", 300)
-        return error
+        # The base names the last transient error in a timeout message; ``_last`` says what the
+        # last *answer* was, so the two never repeat each other.
+        return classify_aiohttp_error(exc) or super().classify_error(exc)
 
 
 def status_error_type(status: int) -> ErrorType:

@@ -1,0 +1,145 @@
+"""Known secrets never leave the kit: not in payloads, error messages or the log lines it writes.
+
+A server may echo what it was sent (a 401 body quoting the ``Authorization`` header, a 500 page
+dumping the request), and a URL in a connection may carry ``user:password@``. Whatever a wait
+resolves from its connection that could be a credential is registered here when it is resolved,
+in every form it may travel in (plain, base64, HTTP basic auth, URL-quoted), and
+:func:`redact` replaces each with ``***``. Registered values are also handed to Airflow's own
+secrets masker, so Airflow's log pipeline hides them in lines the kit did not write.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+#: What a redacted value becomes.
+MASK = "***"
+#: Shorter values are not secrets worth masking (and would mask ordinary words).
+MIN_SECRET_CHARS = 4
+#: Keys of a connection's extra whose values are secrets (matched as substrings, lowercase,
+#: with ``-`` read as ``_``), after Airflow's own list of sensitive field names.
+SENSITIVE_KEYS = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "private_key",
+    "credential",
+    "sasl_plain",
+    "session",
+)
+
+_secrets: set[str] = set()
+_pattern: re.Pattern[str] | None = None
+
+
+def _forms(secret: str, login: str | None) -> set[str]:
+    """Every form ``secret`` may travel in."""
+    forms = {secret, quote(secret, safe=""), quote(secret), base64.b64encode(secret.encode()).decode("ascii")}
+    if login:
+        pair = f"{login}:{secret}"
+        forms |= {pair, base64.b64encode(pair.encode()).decode("ascii"), f"{quote(login, safe='')}:{quote(secret)}"}
+    return {form for form in forms if len(form) >= MIN_SECRET_CHARS}
+
+
+def register(secret: Any, *, login: str | None = None) -> bool:
+    """Remember ``secret`` (and its encodings) for :func:`redact`; ``True`` if it was new."""
+    global _pattern
+    if not isinstance(secret, str) or len(secret) < MIN_SECRET_CHARS or secret in _secrets:
+        return False
+    new = _forms(secret, login) - _secrets
+    _secrets.update(new)
+    _secrets.add(secret)
+    _pattern = None
+    _tell_airflow(new)
+    return True
+
+
+def register_connection(conn: Any, extra: Mapping[str, Any] | None = None) -> None:
+    """Register the secrets of an Airflow connection: its password, sensitive extras, URL passwords."""
+    login = getattr(conn, "login", None) or None
+    register(getattr(conn, "password", None), login=login)
+    for text in (getattr(conn, "host", None), getattr(conn, "schema", None)):
+        register_url_password(text)
+    for key, value in _walk(extra or {}):
+        if isinstance(value, str):
+            register_url_password(value)
+            if is_sensitive_key(key):
+                register(value, login=login)
+
+
+def register_url_password(text: Any) -> None:
+    """A URL's ``user:password@`` password, if ``text`` is such a URL."""
+    if not isinstance(text, str) or "@" not in text or "://" not in text:
+        return
+    with contextlib.suppress(ValueError):
+        parts = urlsplit(text)
+        if parts.password:
+            register(parts.password, login=parts.username)
+
+
+def is_sensitive_key(key: str) -> bool:
+    name = key.lower().replace("-", "_").replace(".", "_")
+    return any(marker in name for marker in SENSITIVE_KEYS)
+
+
+def redact(text: str) -> str:
+    """``text`` with every registered secret replaced by :data:`MASK`."""
+    global _pattern
+    if not _secrets or not text:
+        return text
+    if _pattern is None:
+        _pattern = re.compile("|".join(re.escape(form) for form in sorted(_secrets, key=len, reverse=True)))
+    return _pattern.sub(MASK, text)
+
+
+def redact_value(value: Any) -> Any:
+    """A JSON value with every string in it (keys included) redacted."""
+    if not _secrets:
+        return value
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(key): redact_value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redact_value(item) for item in value]
+    return value
+
+
+def _walk(mapping: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in mapping.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            yield from _walk(value, name)
+        else:
+            yield name, value
+
+
+def _tell_airflow(forms: Iterable[str]) -> None:
+    """Hand the forms to Airflow's secrets masker for its own log pipeline (best effort)."""
+    with contextlib.suppress(Exception):
+        from airflow.sdk._shared.secrets_masker import _secrets_masker
+
+        masker = _secrets_masker()
+        for form in forms:
+            masker.add_mask(form)
+
+
+__all__ = [
+    "MASK",
+    "is_sensitive_key",
+    "redact",
+    "redact_value",
+    "register",
+    "register_connection",
+    "register_url_password",
+]
