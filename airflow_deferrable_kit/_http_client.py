@@ -285,7 +285,7 @@ async def resolve_target(conn_id: str) -> Target:
     """Read the connection asynchronously and turn it into a :class:`Target`."""
     from yarl import URL
 
-    conn = await get_connection(conn_id, argument="http_conn_id")
+    conn = await get_connection(conn_id, argument="http_conn_id", conn_types=("http", "https"))
     extra = await get_extra(conn)
     base = base_url(conn)
     login, password = conn.login, conn.password

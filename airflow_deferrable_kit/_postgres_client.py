@@ -155,7 +155,7 @@ def options_from_connection(conn_id: str, conn: Connection, extra: dict[str, Any
 
 async def connect_options(conn_id: str) -> ConnectOptions:
     """Resolve ``conn_id`` through Airflow's async connection API and map it for asyncpg."""
-    conn = await get_connection(conn_id, argument="postgres_conn_id")
+    conn = await get_connection(conn_id, argument="postgres_conn_id", conn_types=("postgres", "postgresql"))
     return options_from_connection(conn_id, conn, await get_extra(conn))
 
 

@@ -158,7 +158,7 @@ async def resolve_settings(aws_conn_id: str | None) -> S3Settings:
     if aws_conn_id is None:
         return S3Settings(conn_id=None)
     try:
-        conn = await get_connection(aws_conn_id, argument="aws_conn_id")
+        conn = await get_connection(aws_conn_id, argument="aws_conn_id", conn_types=("aws", "s3"))
     except FatalError as exc:
         if aws_conn_id == DEFAULT_CONN_ID and exc.error_type == "connection_not_found":
             return S3Settings(conn_id=None)

@@ -48,8 +48,15 @@ def _import_lookup_machinery() -> None:
     ensure_secrets_backend_loaded()
 
 
-async def get_connection(conn_id: str, *, argument: str = "conn_id") -> Connection:
-    """Return the Airflow connection ``conn_id``; an unknown id is a fatal, clearly named error."""
+async def get_connection(
+    conn_id: str, *, argument: str = "conn_id", conn_types: tuple[str, ...] | None = None
+) -> Connection:
+    """Return the Airflow connection ``conn_id``; an unknown id is a fatal, clearly named error.
+
+    With ``conn_types``, a connection of another type (a Postgres connection given to an HTTP
+    wait) is a fatal ``bad_connection`` naming both, instead of an outage retried until the
+    deadline. A connection with no type, or the type ``generic``, is accepted as any.
+    """
     global _imported
     if not _imported:
         await asyncio.to_thread(_import_lookup_machinery)
@@ -64,6 +71,13 @@ async def get_connection(conn_id: str, *, argument: str = "conn_id") -> Connecti
     except LookupError as exc:
         raise _not_found(conn_id, argument) from exc
     _first_miss.pop(conn_id, None)
+    conn_type = (getattr(conn, "conn_type", None) or "").lower()
+    if conn_types is not None and conn_type not in (*conn_types, "", "generic"):
+        raise FatalError(
+            f"{argument}={conn_id!r} is a connection of type {conn_type!r}; this wait needs one of type "
+            + " or ".join(repr(name) for name in conn_types),
+            error_type=ErrorType.BAD_CONNECTION,
+        )
     return conn
 
 

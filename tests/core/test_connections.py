@@ -77,3 +77,18 @@ async def test_a_thousand_concurrent_lookups_resolve_once_without_blocking(monke
     assert calls == 1
     assert await connections.get_extra(results[0]) == {"region": "eu-west-1"}
     assert blocked == []
+
+
+async def test_a_connection_of_another_type_is_fatal_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE", json.dumps({"conn_type": "postgres", "host": "db.invalid"}))
+    with pytest.raises(
+        FatalError, match=r"http_conn_id='warehouse' is a connection of type 'postgres'.*'http'"
+    ) as info:
+        await connections.get_connection("warehouse", argument="http_conn_id", conn_types=("http", "https"))
+    assert info.value.error_type == "bad_connection"
+
+
+async def test_a_generic_or_untyped_connection_is_accepted_as_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_ANYTHING", json.dumps({"conn_type": "generic", "host": "h.invalid"}))
+    conn = await connections.get_connection("anything", argument="http_conn_id", conn_types=("http",))
+    assert conn.host == "h.invalid"
