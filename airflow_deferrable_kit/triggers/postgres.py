@@ -375,6 +375,12 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
                     f"the query ran longer than statement_timeout={timeout}s and was cancelled",
                     error_type=ErrorType.UNAVAILABLE,
                 ) from exc
+        except asyncio.CancelledError:
+            # Cancelled mid-query (the wait was cancelled, or the triggerer is stopping): a hung
+            # server would hold a graceful release for the statement timeout, so drop the
+            # socket now; the pool opens a fresh connection for the next poll.
+            connection.terminate()
+            raise
         finally:
             await pool.release(connection)
 
