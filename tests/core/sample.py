@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 from collections import deque
 from typing import Any, ClassVar
 
@@ -17,7 +18,8 @@ from airflow_deferrable_kit.triggers.base import PollingTrigger
 
 # Scripts are keyed by name because trigger kwargs must stay JSON: a test registers a script of
 # outcomes, the trigger pops one per check. "found", "none", "transient", "transient:<after>",
-# "fatal", "boom" (an unexpected exception), "hang" (never returns), "bad-payload".
+# "fatal", "boom" (an unexpected exception), "hang" (never returns), "bad-payload", "nxdomain"
+# (the resolver says the host does not exist).
 SCRIPTS: dict[str, deque[str]] = {}
 CHECKS: dict[str, int] = {}
 
@@ -48,6 +50,11 @@ class ScriptedTrigger(PollingTrigger):
             raise FatalError("access denied to the thing", error_type="authorization")
         if step == "boom":
             raise KeyError("surprise")
+        if step == "nxdomain":  # the resolver says the name does not exist, wrapped as a client would
+            try:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            except socket.gaierror as exc:
+                raise ConnectionError("Cannot connect to host batch-api.invalid:443") from exc
         if step == "hang":
             await asyncio.Event().wait()
         if step == "bad-payload":

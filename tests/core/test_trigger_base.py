@@ -263,6 +263,29 @@ class _AnyInt:
 ANY_INT = _AnyInt()
 
 
+async def test_a_host_name_that_never_resolved_is_fatal_after_three_attempts() -> None:
+    clock = FakeClock()
+    name = script("nxdomain-only", "nxdomain")
+    payload = await _run_with(clock, name)
+    assert payload["status"] == "error" and payload["error_type"] == "bad_connection"
+    assert "never resolved (3 attempts" in payload["message"]
+    assert CHECKS[name] == 3 and len(clock.sleeps) == 2  # two backoffs, no retry until the deadline
+
+
+async def test_dns_failures_after_the_host_once_answered_stay_transient() -> None:
+    clock = FakeClock()
+    name = script("nxdomain-later", "none", "nxdomain", "nxdomain", "nxdomain", "nxdomain", "found")
+    payload = await _run_with(clock, name)
+    assert payload["status"] == "success"
+    assert CHECKS[name] == 6
+
+
+async def _run_with(clock: FakeClock, name: str) -> dict:
+    trigger = ScriptedTrigger(script=name, poll_interval=5, max_backoff=60, deadline=deadline_after(3600, clock=clock))
+    trigger.clock = clock  # type: ignore[misc]
+    return await run_trigger_payload(trigger)  # type: ignore[no-any-return]
+
+
 # ----------------------------------------------------------------------------- end_from_trigger
 def _worker_outcome(payload: dict, *, soft_fail: bool, never_fail: bool) -> str:
     """How the worker path ends a task given this payload (the sensor's ``finish``)."""
