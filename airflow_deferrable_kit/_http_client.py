@@ -31,6 +31,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from airflow_deferrable_kit._redact import is_sensitive_key
 from airflow_deferrable_kit._redact import register as register_secret
 from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
 from airflow_deferrable_kit.connections import get_connection, get_extra
@@ -189,10 +190,12 @@ def connection_headers(extra: Mapping[str, Any], *, login: str | None, password:
         for name in [n for n in headers if n.lower() == "authorization"]:
             del headers[name]
         headers["Authorization"] = authorization
-    # Every header value the connection sends may be a credential: none may be echoed back.
-    for value in headers.values():
-        register_secret(value)
-        register_secret(value.partition(" ")[2])  # "Bearer <token>", "Basic <base64>"
+    # A credential header's value must never come back in an echo: masked from now on. Ordinary
+    # headers (Accept, X-Team) are not secrets and are left alone, or every payload would suffer.
+    for name, value in headers.items():
+        if is_sensitive_key(name):
+            register_secret(value)
+            register_secret(value.partition(" ")[2])  # "Bearer <token>", "Basic <base64>"
     register_secret(token)
     return headers
 

@@ -19,8 +19,9 @@ from urllib.parse import quote, urlsplit
 
 #: What a redacted value becomes.
 MASK = "***"
-#: Shorter values are not secrets worth masking (and would mask ordinary words).
-MIN_SECRET_CHARS = 4
+#: Shorter values are not secrets worth masking (and would mask ordinary words); Airflow's own
+#: masker uses the same floor (``[logging] min_length_masked_secret``, default 5).
+MIN_SECRET_CHARS = 5
 #: Keys of a connection's extra whose values are secrets (matched as substrings, lowercase,
 #: with ``-`` read as ``_``), after Airflow's own list of sensitive field names.
 SENSITIVE_KEYS = (
@@ -36,6 +37,9 @@ SENSITIVE_KEYS = (
     "credential",
     "sasl_plain",
     "session",
+    "auth",
+    "cookie",
+    "signature",
 )
 
 _secrets: set[str] = set()
@@ -88,8 +92,9 @@ def register_url_password(text: Any) -> None:
 
 
 def is_sensitive_key(key: str) -> bool:
+    """Whether a field or header named ``key`` carries a credential (``X-Api-Key``, ``sasl.password``)."""
     name = key.lower().replace("-", "_").replace(".", "_")
-    return any(marker in name for marker in SENSITIVE_KEYS)
+    return any(marker in name for marker in SENSITIVE_KEYS) or name.endswith("key")
 
 
 def redact(text: str) -> str:

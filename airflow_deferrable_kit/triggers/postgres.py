@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool
+from airflow_deferrable_kit._postgres_client import CLOSE_GRACE, classify_postgres_error, close_pool, open_pool
 from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
 from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
 from airflow_deferrable_kit.conditions import DEFAULT, MISSING, Acceptor, ConditionSet, explain, lookup
@@ -363,6 +363,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
                 "(every pooled connection busy, or the server not answering)",
                 error_type=ErrorType.UNAVAILABLE,
             ) from exc
+        cancelled = False
         try:
             try:
                 if self._bound is None:
@@ -376,13 +377,12 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
                     error_type=ErrorType.UNAVAILABLE,
                 ) from exc
         except asyncio.CancelledError:
-            # Cancelled mid-query (the wait was cancelled, or the triggerer is stopping): a hung
-            # server would hold a graceful release for the statement timeout, so drop the
-            # socket now; the pool opens a fresh connection for the next poll.
-            connection.terminate()
+            cancelled = True
+            await _release_cancelled(pool, connection)
             raise
         finally:
-            await pool.release(connection)
+            if not cancelled:
+                await pool.release(connection)
 
     async def check(self) -> Found | None:
         record = await self.fetch_row()
@@ -477,6 +477,21 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
                 await self.clock.sleep(min(gap, remaining))
         wake.clear()
         self._last_wake = loop.time()
+
+
+async def _release_cancelled(pool: asyncpg.Pool, connection: Any) -> None:
+    """Give back a connection whose query was cancelled, without letting a hung server hold us.
+
+    The wait was cancelled, its deadline passed, or the triggerer is stopping. asyncpg asks the
+    server to cancel the query and a graceful release waits for that (so the server stops
+    working on it); a hung server would hold it for the statement timeout, so the release gets
+    ``CLOSE_GRACE`` seconds, then the socket is dropped (the pool opens a fresh one when needed).
+    """
+    release = asyncio.ensure_future(pool.release(connection))
+    done, _ = await asyncio.wait({release}, timeout=CLOSE_GRACE)
+    if not done or release.exception() is not None:
+        connection.terminate()
+        await asyncio.gather(release, return_exceptions=True)
 
 
 def _capped_decision(decided_by: dict[str, Any]) -> dict[str, Any]:

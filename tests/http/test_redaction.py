@@ -112,8 +112,8 @@ def test_every_form_of_a_registered_secret_is_redacted_and_short_values_are_not(
     )
     redacted = _redact.redact(text)
     assert "s3cr3t-value" not in redacted and redacted.count("***") == 4
-    assert not _redact.register("abc")  # too short to be a secret worth masking
-    assert _redact.redact("abc def") == "abc def"
+    assert not _redact.register("abcd")  # too short to be a secret worth masking (Airflow: under 5)
+    assert _redact.redact("abcd def") == "abcd def"
 
 
 def test_registered_secrets_go_to_airflows_secrets_masker_too() -> None:
@@ -121,3 +121,15 @@ def test_registered_secrets_go_to_airflows_secrets_masker_too() -> None:
 
     _redact.register("masked-by-airflow-too")
     assert _secrets_masker().redact("x masked-by-airflow-too y") != "x masked-by-airflow-too y"
+
+
+def test_ordinary_header_values_are_not_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One HTTP connection with an everyday header must not mask that word in every other payload.
+    from airflow_deferrable_kit._http_client import connection_headers
+
+    headers = connection_headers(
+        {"X-Team": "data", "Accept": "application/json", "X-Api-Key": API_KEY}, login=None, password=None
+    )
+    assert headers["X-Team"] == "data"
+    text = "s3://b/data/one.csv unknown_database application/json " + API_KEY
+    assert _redact.redact(text) == "s3://b/data/one.csv unknown_database application/json ***"

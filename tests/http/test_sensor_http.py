@@ -153,7 +153,7 @@ def test_resume_returns_the_payload_or_fails() -> None:
     s = sensor(deferrable=True)
     ok = {"status": "success", "status_code": 200, "url": "http://x/y"}
     assert s.execute_complete(make_context(s), ok) == ok
-    with pytest.raises(WaitFailedError, match="http_403"):
+    with pytest.raises(WaitFailedError, match="authorization"):
         s.execute_complete(make_context(s), {"status": "error", "error_type": "authorization", "message": "denied"})
 
 

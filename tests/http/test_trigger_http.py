@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import structlog
 from aiohttp import web
 
 import airflow_deferrable_kit.triggers.http as http_module
@@ -163,7 +164,9 @@ async def test_post_with_json_body(serve: Serve, connection: Conn) -> None:
 
 
 # ------------------------------------------------------------------------------ bodies
-async def test_non_json_body_with_path_acceptors_is_fatal_and_says_why(serve: Serve, connection: Conn) -> None:
+async def test_non_json_body_with_path_acceptors_is_fatal_after_a_few_in_a_row_and_says_why(
+    serve: Serve, connection: Conn
+) -> None:
     server, conn = api(
         serve, connection, script(lambda: reply(200, "<html>login page</html>", headers={"Content-Type": "text/html"}))
     )
@@ -171,8 +174,25 @@ async def test_non_json_body_with_path_acceptors_is_fatal_and_says_why(serve: Se
     assert payload["status"] == "error"
     assert payload["error_type"] == "protocol"
     assert "not JSON" in payload["message"] and "text/html" in payload["message"]
+    assert f"{http_module.MAX_UNREADABLE_BODIES} answers in a row" in payload["message"]
     assert payload["body_excerpt"] == "<html>login page</html>"
-    assert len(server.requests) == 1
+    assert len(server.requests) == http_module.MAX_UNREADABLE_BODIES
+
+
+async def test_a_few_non_json_bodies_are_not_yet_and_json_resets_the_count(serve: Serve, connection: Conn) -> None:
+    # A proxy's HTML page during a deploy: one short of the limit, then JSON again (the count
+    # starts over), one short again, then ready.
+    page = lambda: reply(200, "<html>deploying</html>", headers={"Content-Type": "text/html"})  # noqa: E731
+    short = http_module.MAX_UNREADABLE_BODIES - 1
+    steps = [page] * short + [lambda: reply(200, {"state": "pending"})] + [page] * short
+    server, conn = api(serve, connection, script(*steps, lambda: reply(200, {"state": "ready"})))
+    with structlog.testing.capture_logs() as logs:
+        payload = await run_trigger_payload(make(conn, acceptors=[acceptor("success", **READY)]))
+    assert payload["status"] == "success"
+    assert len(server.requests) == 2 * short + 2
+    warnings = [str(e["event"]) for e in logs if e["log_level"] == "warning" and "not JSON" in str(e["event"])]
+    assert len(warnings) == 2 * short
+    assert "taken as not yet" in warnings[0]
 
 
 async def test_non_json_body_is_fine_when_only_status_matters(serve: Serve, connection: Conn) -> None:
@@ -233,7 +253,7 @@ async def test_401_and_403_are_fatal_after_one_request(serve: Serve, connection:
     server, conn = api(serve, connection, script(lambda: reply(code, {"error": "denied"})))
     payload = await run_trigger_payload(make(conn))
     assert payload["status"] == "error"
-    assert payload["error_type"] == f"http_{code}"
+    assert payload["error_type"] == {401: "authentication", 403: "authorization"}[code]
     assert payload["status_code"] == code
     assert '"denied"' in payload["body_excerpt"]
     assert len(server.requests) == 1
@@ -350,6 +370,7 @@ async def test_sync_predicate_runs_off_the_loop(serve: Serve, connection: Conn) 
         "state": "success",
         "matcher": "predicate",
         "argument": "tests.http.predicates:even_count_ready",
+        "returned": "True",
     }
     assert len(server.requests) == 2
     assert predicates.SYNC_THREADS and "MainThread" not in predicates.SYNC_THREADS
@@ -365,7 +386,7 @@ async def test_async_predicate_can_fail_the_wait(serve: Serve, connection: Conn)
     )
     payload = await run_trigger_payload(make(conn, predicate="tests.http.predicates.header_says"))
     assert payload["error_type"] == "condition_failed"
-    assert "returned failure" in payload["message"]
+    assert "returned 'failure'" in payload["message"]
     assert len(server.requests) == 2
 
 

@@ -79,36 +79,60 @@ def test_bad_connection_extras_are_fatal_and_named(extra: dict[str, Any], named:
 
 
 @pytest.mark.parametrize(
-    ("error", "kind", "error_type"),
+    ("error", "kind", "error_type", "condition"),
     [
-        (asyncpg.exceptions.SerializationError("could not serialize"), TransientError, "serialization_failure"),
-        (asyncpg.exceptions.DeadlockDetectedError("deadlock"), TransientError, "deadlock"),
-        (asyncpg.exceptions.TooManyConnectionsError("too many"), TransientError, "too_many_connections"),
-        (asyncpg.exceptions.AdminShutdownError("terminating"), TransientError, "server_restarting"),
-        (asyncpg.exceptions.CannotConnectNowError("starting up"), TransientError, "server_restarting"),
-        (asyncpg.exceptions.ConnectionDoesNotExistError("closed mid-query"), TransientError, "connection"),
-        (asyncpg.exceptions.DiskFullError("disk full"), TransientError, "insufficient_resources"),
-        (asyncpg.exceptions.InterfaceError("cannot call fetch(): connection is closed"), TransientError, "connection"),
+        (
+            asyncpg.exceptions.SerializationError("could not serialize"),
+            TransientError,
+            "unavailable",
+            "serialization_failure",
+        ),
+        (asyncpg.exceptions.DeadlockDetectedError("deadlock"), TransientError, "unavailable", "deadlock"),
+        (asyncpg.exceptions.TooManyConnectionsError("too many"), TransientError, "unavailable", "too_many_connections"),
+        (asyncpg.exceptions.AdminShutdownError("terminating"), TransientError, "unavailable", "server_restarting"),
+        (asyncpg.exceptions.CannotConnectNowError("starting up"), TransientError, "unavailable", "server_restarting"),
+        (
+            asyncpg.exceptions.ConnectionDoesNotExistError("closed mid-query"),
+            TransientError,
+            "network",
+            "connection_exception",
+        ),
+        (asyncpg.exceptions.DiskFullError("disk full"), TransientError, "unavailable", "insufficient_resources"),
+        (
+            asyncpg.exceptions.InterfaceError("cannot call fetch(): connection is closed"),
+            TransientError,
+            "network",
+            None,
+        ),
         (
             asyncpg.exceptions.InternalClientError("cannot switch to state 12; another operation (2) is in progress"),
             TransientError,
-            "connection",
+            "network",
+            None,
         ),
-        (asyncpg.exceptions.PostgresSyntaxError("syntax"), FatalError, "syntax_error"),
-        (asyncpg.exceptions.UndefinedTableError("no table"), FatalError, "undefined_table"),
-        (asyncpg.exceptions.UndefinedColumnError("no column"), FatalError, "undefined_column"),
-        (asyncpg.exceptions.InsufficientPrivilegeError("denied"), FatalError, "permission_denied"),
-        (asyncpg.exceptions.InvalidPasswordError("bad password"), FatalError, "authentication_failed"),
-        (asyncpg.exceptions.InvalidCatalogNameError("no db"), FatalError, "unknown_database"),
-        (asyncpg.exceptions.DivisionByZeroError("1/0"), FatalError, "data_error"),
-        (asyncpg.exceptions.ProtocolError("garbage"), FatalError, "protocol_error"),
-        (asyncpg.exceptions.ClientConfigurationError("bad sslmode"), FatalError, "bad_connection_config"),
-        (ConnectionRefusedError(111, "refused"), TransientError, "network"),
+        (asyncpg.exceptions.PostgresSyntaxError("syntax"), FatalError, "bad_request", "syntax_error"),
+        (asyncpg.exceptions.UndefinedTableError("no table"), FatalError, "not_found", "undefined_table"),
+        (asyncpg.exceptions.UndefinedColumnError("no column"), FatalError, "bad_request", "undefined_column"),
+        (asyncpg.exceptions.InsufficientPrivilegeError("denied"), FatalError, "authorization", "permission_denied"),
+        (
+            asyncpg.exceptions.InvalidPasswordError("bad password"),
+            FatalError,
+            "authentication",
+            "authentication_failed",
+        ),
+        (asyncpg.exceptions.InvalidCatalogNameError("no db"), FatalError, "not_found", "unknown_database"),
+        (asyncpg.exceptions.DivisionByZeroError("1/0"), FatalError, "bad_request", "data_error"),
+        (asyncpg.exceptions.ProtocolError("garbage"), FatalError, "protocol", None),
+        (asyncpg.exceptions.ClientConfigurationError("bad sslmode"), FatalError, "bad_connection", None),
+        (ConnectionRefusedError(111, "refused"), TransientError, "network", None),
     ],
 )
-def test_errors_are_classified(error: Exception, kind: type, error_type: str) -> None:
+def test_errors_are_classified(error: Exception, kind: type, error_type: str, condition: str | None) -> None:
     classified = PostgresBatchMarkerTrigger(table="m").classify_error(error)
     assert type(classified) is kind and classified.error_type == error_type
+    # The SQLSTATE's own condition refines the type in the details; errors with no SQLSTATE have none.
+    assert classified.details.get("condition") == condition
+    assert classified.details.get("sqlstate") == (getattr(error, "sqlstate", None) if condition else None)
 
 
 def test_our_own_errors_and_other_exceptions_are_left_to_the_base_trigger() -> None:

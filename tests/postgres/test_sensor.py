@@ -99,8 +99,14 @@ def test_deferrable_sensor_defers_with_no_secret_in_the_trigger_kwargs(
 
 def test_error_event_fails_the_task_even_with_soft_fail(conn_id: str, table: str) -> None:
     task = sensor(conn_id, table, deferrable=True, soft_fail=True)
-    event = {"status": "error", "error_type": "undefined_table", "message": "relation does not exist"}
-    with pytest.raises(WaitFailedError, match="undefined_table"):
+    event = {
+        "status": "error",
+        "error_type": "not_found",
+        "sqlstate": "42P01",
+        "condition": "undefined_table",
+        "message": "relation does not exist",
+    }
+    with pytest.raises(WaitFailedError, match="not_found: relation does not exist"):
         task.execute_complete(make_context(task), event)
 
 

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import asyncpg
+import pytest
 
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.connections import get_connection
@@ -131,7 +132,7 @@ async def test_failed_status_ends_with_an_error_event_at_once(
     payload = await run_trigger_payload(trigger, timeout=20)
     assert payload["status"] == "error"
     assert payload["error_type"] == "condition_failed"
-    assert "failure" in payload["message"] and '"failed"' in payload["message"]
+    assert "reports failure" in payload["message"] and "(saw 'failed')" in payload["message"]
     assert payload["row"]["status"] == "failed"
     assert payload["matched"]["actual"] == "failed"
     assert [type(e) for e in classified] == [type(classified[0])] and classified[0].error_type == "condition_failed"
@@ -201,16 +202,44 @@ async def test_custom_sql_with_parameters_and_acceptors(conn_id: str, admin: asy
     assert payload["row"] == {"batch_id": "orders", "files": 2, "state": "b", "phase": "x", "tagged": True}
     assert payload["matched"]["argument"] == "files" and payload["sql"].startswith("SELECT batch_id")
 
-    failing = PostgresBatchMarkerTrigger(
-        postgres_conn_id=conn_id,
-        sql=f"SELECT status, meta FROM {markers} WHERE batch_id = $1 ORDER BY id DESC",
-        parameters=["orders"],
-        failure=[{"path": "meta.phase", "equals": "x"}],
+    failing_only: dict[str, Any] = {
+        "postgres_conn_id": conn_id,
+        "sql": f"SELECT status, meta FROM {markers} WHERE batch_id = $1 ORDER BY id DESC",
+        "parameters": ["orders"],
+        "failure": [{"path": "meta.phase", "equals": "x"}],
         **FAST,
-    )
+    }
+    with pytest.raises(ValueError, match="could never succeed"):  # failure= alone can never be met
+        PostgresBatchMarkerTrigger(**failing_only)
+    failing = PostgresBatchMarkerTrigger(**failing_only, success=[{"column": "status", "equals": "zz-never"}])
     payload = await run_trigger_payload(failing, timeout=20)
     assert payload["status"] == "error" and payload["error_type"] == "condition_failed"
     assert payload["matched"]["matcher"] == "path"
+
+
+async def test_a_query_without_conditions_is_ready_once_its_first_cell_is_truthy(
+    conn_id: str, admin: asyncpg.Connection, markers: str
+) -> None:
+    # Airflow's SqlSensor rule: no row, or 0 / NULL / false / '' / 0.0 in the first cell, is not yet.
+    for falsy in ("0", "NULL::int", "false", "''", "0.0::numeric"):
+        query = PostgresBatchMarkerTrigger(postgres_conn_id=conn_id, sql=f"SELECT {falsy} AS first, 1 AS second")
+        assert await query.poll_once() is None, falsy
+    no_row = PostgresBatchMarkerTrigger(postgres_conn_id=conn_id, sql="SELECT 1 AS one WHERE false")
+    assert await no_row.poll_once() is None
+    counting = PostgresBatchMarkerTrigger(
+        postgres_conn_id=conn_id,
+        sql=f"SELECT count(*) AS n FROM {markers} WHERE batch_id = $1",
+        parameters=["orders"],
+        **FAST,
+    )
+    assert await counting.poll_once() is None  # a count of 0 is not yet
+    task = asyncio.create_task(run_trigger_payload(counting, timeout=20))
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    await admin.execute(f"INSERT INTO {markers} (batch_id) VALUES ('orders')")
+    payload = await task
+    assert payload["status"] == "success" and payload["row"] == {"n": 1}
+    assert payload["matched"]["matcher"] == "default"
 
 
 async def test_templated_dates_are_bound_as_dates(conn_id: str, admin: asyncpg.Connection, markers: str) -> None:
@@ -254,7 +283,8 @@ async def test_a_slow_query_is_cancelled_by_the_statement_timeout(
     payload = await run_trigger_payload(trigger, timeout=20)
     assert payload["status"] == "timeout"
     assert classified and all(isinstance(e, TransientError) for e in classified)
-    assert {e.error_type for e in classified} == {"statement_timeout"}
+    assert {e.error_type for e in classified} == {"unavailable"}
+    assert all("the query ran longer than statement_timeout=0.3s" in e.message for e in classified)
     for _ in range(50):  # the server is told to cancel; wait for the backends to go idle
         active = [b for b in await backends(admin, conn_id) if b["state"] == "active"]
         if not active:
@@ -284,7 +314,9 @@ async def test_too_many_connections_is_transient(
         await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT 10")
         payload = await task
         assert payload["status"] == "success"
-        assert {e.error_type for e in classified} == {"too_many_connections"}
+        assert {(e.error_type, e.details.get("condition")) for e in classified} == {
+            ("unavailable", "too_many_connections")
+        }
         assert all(isinstance(e, TransientError) for e in classified)
     finally:
         await admin.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
@@ -314,7 +346,9 @@ async def test_serialization_failures_are_transient(
         await admin.execute(f"UPDATE {name}_flag SET fail = false")
         payload = await task
         assert payload == {**payload, "status": "success", "row": {"ok": 1}}
-        assert {e.error_type for e in classified} == {"serialization_failure"}
+        assert {(e.error_type, e.details.get("condition")) for e in classified} == {
+            ("unavailable", "serialization_failure")
+        }
     finally:
         await admin.execute(f"DROP FUNCTION {name}(); DROP TABLE {name}_flag")
 
@@ -329,23 +363,27 @@ async def _fails_at_once(trigger: PostgresBatchMarkerTrigger, classified: list[W
 
 async def test_syntax_error_is_fatal(conn_id: str, classified: list[WaitError]) -> None:
     payload = await _fails_at_once(PostgresBatchMarkerTrigger(postgres_conn_id=conn_id, sql="SELEC 1"), classified)
-    assert payload["error_type"] == "syntax_error" and "42601" in payload["message"]
+    assert payload["error_type"] == "bad_request" and "42601" in payload["message"]
+    assert (payload["condition"], payload["sqlstate"]) == ("syntax_error", "42601")
 
 
 async def test_two_statements_are_refused(conn_id: str, classified: list[WaitError]) -> None:
     trigger = PostgresBatchMarkerTrigger(postgres_conn_id=conn_id, sql="SELECT 1; SELECT 2")
     payload = await _fails_at_once(trigger, classified)
-    assert payload["error_type"] == "syntax_error" and "multiple commands" in payload["message"]
+    assert payload["error_type"] == "bad_request" and "multiple commands" in payload["message"]
+    assert payload["condition"] == "syntax_error"
 
 
 async def test_undefined_table_is_fatal(conn_id: str, classified: list[WaitError]) -> None:
     payload = await _fails_at_once(marker(conn_id, "adk_no_such_table"), classified)
-    assert payload["error_type"] == "undefined_table" and "adk_no_such_table" in payload["message"]
+    assert payload["error_type"] == "not_found" and "adk_no_such_table" in payload["message"]
+    assert (payload["condition"], payload["sqlstate"]) == ("undefined_table", "42P01")
 
 
 async def test_undefined_column_is_fatal(conn_id: str, markers: str, classified: list[WaitError]) -> None:
     payload = await _fails_at_once(marker(conn_id, markers, match={"no_such_column": 1}), classified)
-    assert payload["error_type"] == "undefined_column" and "no_such_column" in payload["message"]
+    assert payload["error_type"] == "bad_request" and "no_such_column" in payload["message"]
+    assert (payload["condition"], payload["sqlstate"]) == ("undefined_column", "42703")
 
 
 async def test_permission_denied_is_fatal(
@@ -355,17 +393,20 @@ async def test_permission_denied_is_fatal(
     await admin.execute(f"CREATE ROLE {role} LOGIN")
     try:
         payload = await _fails_at_once(marker(connect(login=role), markers), classified)
-        assert payload["error_type"] == "permission_denied" and "42501" in payload["message"]
+        assert payload["error_type"] == "authorization" and "42501" in payload["message"]
+        assert (payload["condition"], payload["sqlstate"]) == ("permission_denied", "42501")
     finally:
         await admin.execute(f"DROP ROLE {role}")
 
 
 async def test_unknown_role_and_unknown_database_are_fatal(connect: ConnSetter, classified: list[WaitError]) -> None:
     payload = await _fails_at_once(marker(connect(login="adk_ghost_role"), "t"), classified)
-    assert payload["error_type"] == "authentication_failed" and "adk_ghost_role" in payload["message"]
+    assert payload["error_type"] == "authentication" and "adk_ghost_role" in payload["message"]
+    assert payload["condition"] == "authentication_failed"
     classified.clear()
     payload = await _fails_at_once(marker(connect(schema="adk_no_such_db"), "t"), classified)
-    assert payload["error_type"] == "unknown_database"
+    assert payload["error_type"] == "not_found"
+    assert (payload["condition"], payload["sqlstate"]) == ("unknown_database", "3D000")
 
 
 async def test_unknown_connection_id_is_fatal(classified: list[WaitError]) -> None:
@@ -378,7 +419,8 @@ async def test_a_query_that_writes_is_refused(conn_id: str, markers: str, classi
         postgres_conn_id=conn_id, sql=f"INSERT INTO {markers} (batch_id) VALUES ('x') RETURNING id"
     )
     payload = await _fails_at_once(trigger, classified)
-    assert payload["error_type"] == "read_only" and "read-only" in payload["message"]
+    assert payload["error_type"] == "bad_request" and "read-only" in payload["message"]
+    assert (payload["condition"], payload["sqlstate"]) == ("read_only", "25006")
 
 
 async def test_bad_bound_values_are_fatal(conn_id: str, markers: str, classified: list[WaitError]) -> None:

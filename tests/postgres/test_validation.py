@@ -155,7 +155,7 @@ def test_declarative_form_compiles_to_quoted_identifiers_and_bound_values() -> N
 
 def test_declarative_status_becomes_acceptors_ahead_of_user_ones() -> None:
     trigger = PostgresBatchMarkerTrigger(**DECLARATIVE, success=[{"path": "meta.ok", "equals": True}])
-    assert [a.as_dict() for a in trigger._acceptors] == [
+    assert [a.as_dict() for a in trigger._conditions.acceptors] == [
         {"state": "failure", "matcher": "column", "argument": "status", "comparator": "in", "expected": ["failed"]},
         {
             "state": "success",

@@ -95,20 +95,23 @@ def test_lease_key_is_per_connection_region_endpoint_and_changes_with_the_secret
 
 
 @pytest.mark.parametrize(
-    ("login", "password", "extra", "error_type"),
+    ("login", "password", "extra", "error_type", "says"),
     [
-        ("AKIAX", SECRET, {"role_arn": "arn:aws:iam::1:role/r"}, "unsupported_connection"),
-        ("AKIAX", None, {}, "invalid_credentials"),
-        (None, SECRET, {}, "invalid_credentials"),
-        ("AKIAX", SECRET, {"region_name": 5}, "bad_connection"),
-        ("AKIAX", SECRET, {"verify": 3}, "bad_connection"),
-        ("AKIAX", SECRET, {"config_kwargs": "fast"}, "bad_connection"),
+        ("AKIAX", SECRET, {"role_arn": "arn:aws:iam::1:role/r"}, "bad_connection", "role assumption"),
+        ("AKIAX", None, {}, "authentication", "the password (secret access key) is empty"),
+        (None, SECRET, {}, "authentication", "the login (access key id) is empty"),
+        ("AKIAX", SECRET, {"region_name": 5}, "bad_connection", "'region_name' must be a string"),
+        ("AKIAX", SECRET, {"verify": 3}, "bad_connection", "'verify' must be"),
+        ("AKIAX", SECRET, {"config_kwargs": "fast"}, "bad_connection", "'config_kwargs' must be an object"),
     ],
 )
-def test_unusable_connections_are_fatal(login: Any, password: Any, extra: dict[str, Any], error_type: str) -> None:
+def test_unusable_connections_are_fatal(
+    login: Any, password: Any, extra: dict[str, Any], error_type: str, says: str
+) -> None:
     with pytest.raises(FatalError) as caught:
         _s3_client.settings_from_connection("c", login, password, extra)
     assert caught.value.error_type == error_type
+    assert says in caught.value.message
     assert "aws_conn_id='c'" in caught.value.message
     assert SECRET not in caught.value.message
 
@@ -161,29 +164,29 @@ def client_error(code: str, status: int, op: str = "HeadObject", headers: dict[s
 
 
 @pytest.mark.parametrize(
-    ("code", "status", "kind", "error_type"),
+    ("code", "status", "kind", "error_type", "says"),
     [
-        ("SlowDown", 503, TransientError, "throttled"),
-        ("503", 503, TransientError, "throttled"),
-        ("ThrottlingException", 400, TransientError, "throttled"),
-        ("429", 429, TransientError, "throttled"),
-        ("InternalError", 500, TransientError, "server_error"),
-        ("502", 502, TransientError, "server_error"),
-        ("RequestTimeout", 400, TransientError, "server_error"),
-        ("NoSuchBucket", 404, FatalError, "bucket_not_found"),
-        ("AccessDenied", 403, FatalError, "access_denied"),
-        ("403", 403, FatalError, "access_denied"),
-        ("InvalidAccessKeyId", 403, FatalError, "invalid_credentials"),
-        ("SignatureDoesNotMatch", 403, FatalError, "invalid_credentials"),
-        ("ExpiredToken", 400, FatalError, "invalid_credentials"),
-        ("InvalidArgument", 400, FatalError, "s3_error"),
+        ("SlowDown", 503, TransientError, "throttled", "throttled"),
+        ("503", 503, TransientError, "throttled", "throttled"),
+        ("ThrottlingException", 400, TransientError, "throttled", "throttled"),
+        ("429", 429, TransientError, "throttled", "throttled"),
+        ("InternalError", 500, TransientError, "unavailable", "server error"),
+        ("502", 502, TransientError, "unavailable", "server error"),
+        ("RequestTimeout", 400, TransientError, "unavailable", "server error"),
+        ("NoSuchBucket", 404, FatalError, "not_found", "the bucket does not exist"),
+        ("AccessDenied", 403, FatalError, "authorization", "access denied"),
+        ("403", 403, FatalError, "authorization", "access denied or credentials rejected"),
+        ("InvalidAccessKeyId", 403, FatalError, "authentication", "the credentials were rejected"),
+        ("SignatureDoesNotMatch", 403, FatalError, "authentication", "the credentials were rejected"),
+        ("ExpiredToken", 400, FatalError, "authentication", "the credentials were rejected"),
+        ("InvalidArgument", 400, FatalError, "bad_request", "InvalidArgument (m) (HTTP 400)"),
     ],
 )
-def test_client_errors_are_classified(code: str, status: int, kind: type, error_type: str) -> None:
+def test_client_errors_are_classified(code: str, status: int, kind: type, error_type: str, says: str) -> None:
     error = _s3_client.classify_s3_error(client_error(code, status), what="HEAD s3://b/k", where="aws_conn_id='c'")
     assert type(error) is kind
     assert error.error_type == error_type
-    assert "HEAD s3://b/k" in error.message
+    assert "HEAD s3://b/k" in error.message and says in error.message
 
 
 def test_retry_after_is_honoured() -> None:
@@ -217,7 +220,8 @@ async def test_unknown_connection_is_fatal() -> None:
 async def test_role_arn_is_reported_as_unsupported(make_conn: Any, s3_server: services.S3Server) -> None:
     conn_id = make_conn(s3_server.endpoint_url, role_arn="arn:aws:iam::123456789012:role/r")
     payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id=conn_id))
-    assert (payload["status"], payload["error_type"]) == ("error", "unsupported_connection")
+    assert (payload["status"], payload["error_type"]) == ("error", "bad_connection")
+    assert "role assumption (extra.role_arn) is not supported" in payload["message"]
 
 
 async def test_service_endpoint_and_config_kwargs_are_used(
@@ -288,7 +292,8 @@ async def test_no_credentials_anywhere_is_fatal(
     isolate_from_aws_config(monkeypatch, tmp_path)
     conn_id = make_conn(s3_server.endpoint_url, login=None, password=None)
     payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id=conn_id))
-    assert (payload["status"], payload["error_type"]) == ("error", "no_credentials")
+    assert (payload["status"], payload["error_type"]) == ("error", "authentication")
+    assert "no AWS credentials found" in payload["message"]
     assert conn_id in payload["message"]
 
 

@@ -98,10 +98,11 @@ async def test_the_server_verifies_our_signatures(
     bad_listing = await run_trigger_payload(
         s3_trigger(bucket_key=f"s3://{bucket}/signed/*.csv", wildcard_match=True, aws_conn_id=bad)
     )
-    assert (bad_listing["status"], bad_listing["error_type"]) == ("error", "invalid_credentials")
+    assert (bad_listing["status"], bad_listing["error_type"]) == ("error", "authentication")
     assert "SignatureDoesNotMatch" in bad_listing["message"]
     bad_head = await run_trigger_payload(s3_trigger(bucket_key=f"s3://{bucket}/signed/a.csv", aws_conn_id=bad))
-    assert (bad_head["status"], bad_head["error_type"]) == ("error", "access_denied")  # a HEAD 403 has no code
+    assert (bad_head["status"], bad_head["error_type"]) == ("error", "authorization")  # a HEAD 403 has no code
+    assert "access denied or credentials rejected" in bad_head["message"]
 
 
 async def test_session_tokens_are_sent_and_signed(admin: Any, bucket: str, proxy: FaultProxy, make_conn: Any) -> None:

@@ -246,7 +246,8 @@ async def test_missing_bucket_is_fatal_on_the_list_path(proxy: FaultProxy, proxy
     payload = await run_trigger_payload(
         s3_trigger(bucket_key="s3://adk-no-such-bucket/x/*.csv", wildcard_match=True, aws_conn_id=proxy_conn)
     )
-    assert (payload["status"], payload["error_type"]) == ("error", "bucket_not_found")
+    assert (payload["status"], payload["error_type"]) == ("error", "not_found")
+    assert "the bucket does not exist" in payload["message"]
     assert "NoSuchBucket" in payload["message"]
     assert len(proxy.seen) == 1
 
@@ -310,7 +311,7 @@ async def test_access_denied_is_fatal_at_once(
     )
 
     for payload in (head, listing):
-        assert (payload["status"], payload["error_type"]) == ("error", "access_denied")
+        assert (payload["status"], payload["error_type"]) == ("error", "authorization")
         assert "s3:ListBucket" in payload["message"]
         assert secret not in json.dumps(payload)
     assert "AccessDenied" in listing["message"]
@@ -323,7 +324,8 @@ async def test_rejected_credentials_are_fatal(bucket: str, proxy: FaultProxy, ma
     payload = await run_trigger_payload(
         s3_trigger(bucket_key=f"s3://{bucket}/*.csv", wildcard_match=True, aws_conn_id=conn_id)
     )
-    assert (payload["status"], payload["error_type"]) == ("error", "invalid_credentials")
+    assert (payload["status"], payload["error_type"]) == ("error", "authentication")
+    assert "the credentials were rejected" in payload["message"]
     assert "InvalidAccessKeyId" in payload["message"]
     assert SECRET not in payload["message"]
     assert len(proxy.seen) == 1
