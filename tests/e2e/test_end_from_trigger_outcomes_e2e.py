@@ -117,8 +117,8 @@ def test_an_error_fails_from_the_triggerer_with_the_normal_retries(airflow: Loca
     task_id = "error_is_retried"
     states = outcomes.states[task_id]
     assert states[-1] == "failed" and "deferred" in states, outcomes.states
-    # Airflow archives a try that ends from the triggerer with a retry as "failed" (it is not in
-    # a finished state when archived): two tries, the last one the task's current state.
+    # Airflow archives a retried try as "failed", on the worker path too (TaskInstanceHistory
+    # records it before the state becomes up_for_retry): two tries, the second the current one.
     history = tries(airflow, outcomes.run_id, task_id)
     assert [(t["try_number"], t["state"]) for t in history] == [(1, "failed"), (2, "failed")], history
     assert outcomes.last[task_id]["try_number"] == 2
