@@ -194,7 +194,8 @@ class PollingTrigger(BaseTrigger):
     :param end_from_trigger: finish the task from the triggerer (no worker slot on resume).
     :param soft_fail: with ``end_from_trigger``, a timeout skips the task instead of failing it.
     :param never_fail: with ``end_from_trigger``, a timeout or an error skips the task.
-    :param do_xcom_push: with ``end_from_trigger``, push the success payload as the XCom.
+    :param do_xcom_push: with ``end_from_trigger``, push the success payload as the XCom (a skip
+        or a failure pushes none, as on the worker path).
     :param max_backoff: the cap, in seconds, of the backoff after repeated transient errors.
 
     With ``end_from_trigger`` the task ends as it would on the worker path: a success ends it
@@ -434,17 +435,18 @@ class PollingTrigger(BaseTrigger):
         """
         if not self.end_from_trigger:
             return TriggerEvent(payload)
-        xcoms: dict[str, JsonValue] | None = {"return_value": payload} if self.do_xcom_push else None
         status = payload["status"]
         if status == SUCCESS:
+            xcoms: dict[str, JsonValue] | None = {"return_value": payload} if self.do_xcom_push else None
             return TaskSuccessEvent(xcoms=xcoms)
+        # A skip or a failure pushes no XCom, as on the worker path (the payload is in the log).
         if status == TIMEOUT and (self.soft_fail or self.never_fail):
-            return TaskSkippedEvent(xcoms=xcoms)
+            return TaskSkippedEvent()
         if status == ERROR and self.never_fail:
-            return TaskSkippedEvent(xcoms=xcoms)
+            return TaskSkippedEvent()
         if status == TIMEOUT:
             return TriggerEvent(payload)  # the worker raises AirflowSensorTimeout: never retried
-        return TaskFailedEvent(xcoms=xcoms)
+        return TaskFailedEvent()
 
     async def poll_once(self) -> dict[str, Any] | None:
         """One check for the sensor's poke path: a success or error payload, or ``None`` (not yet).
