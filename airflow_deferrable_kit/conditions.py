@@ -257,11 +257,6 @@ def build_acceptors(
     return [acceptor.as_dict() for acceptor in result]
 
 
-def load_acceptors(raw: Iterable[Mapping[str, Any]], *, matchers: Mapping[str, bool]) -> list[Acceptor]:
-    """Rebuild :class:`Acceptor` objects from their canonical JSON form."""
-    return [_canonical(item, where=f"acceptors[{i}]", matchers=matchers) for i, item in enumerate(raw)]
-
-
 def decide(
     acceptors: Sequence[Acceptor], value_of: Callable[[Acceptor], Any]
 ) -> tuple[Decision | None, dict[str, Any]]:
@@ -346,12 +341,6 @@ async def call_predicate(path: str, subject: Any, *, argument: str = "predicate"
         raise FatalError(
             f"{argument} {path!r} failed: {type(exc).__name__}: {exc}", error_type=ErrorType.PREDICATE_ERROR
         ) from exc
-
-
-async def run_predicate(path: str, subject: Any) -> str:
-    """The state a predicate gives ``subject`` (see :func:`call_predicate`)."""
-    state, _ = await call_predicate(path, subject)
-    return state
 
 
 # --------------------------------------------------------------------------------- the rule

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from airflow_deferrable_kit.conditions import (
     MISSING,
+    ConditionSet,
     build_acceptors,
+    call_predicate,
     decide,
     import_predicate,
-    load_acceptors,
     lookup,
     parse_path,
-    run_predicate,
 )
 from airflow_deferrable_kit.testing import watch_blocking
 
@@ -70,14 +70,15 @@ def test_bad_conditions_are_rejected_naming_the_entry(kwargs: dict, message: str
 
 
 def test_first_matching_acceptor_decides_and_every_looked_at_value_is_reported() -> None:
-    acceptors = load_acceptors(
+    acceptors = ConditionSet.load(
         build_acceptors(
             matchers=HTTP,
             success=[{"path": "state", "equals": "ready"}],
             failure=[{"path": "state", "in": ["failed"]}, {"path": "error.code", "exists": True}],
         ),
+        None,
         matchers=HTTP,
-    )
+    ).acceptors
     body = {"state": "ready", "rows": 10}
     decision, observed = decide(acceptors, lambda a: lookup(body, a.argument or ""))
     assert decision is not None
@@ -89,7 +90,9 @@ def test_first_matching_acceptor_decides_and_every_looked_at_value_is_reported()
 
 
 def test_equality_follows_json_types() -> None:
-    acceptors = load_acceptors(build_acceptors(matchers=HTTP, success=[{"path": "n", "equals": 1}]), matchers=HTTP)
+    acceptors = ConditionSet.load(
+        build_acceptors(matchers=HTTP, success=[{"path": "n", "equals": 1}]), None, matchers=HTTP
+    ).acceptors
     for value, expected in [(1, True), (1.0, True), (True, False), ("1", False)]:
         decision, _ = decide(acceptors, lambda a, v=value: lookup({"n": v}, "n"))
         assert (decision is not None) is expected, value
@@ -123,11 +126,16 @@ async def async_verdict(subject: dict) -> str:
     return "failure" if subject.get("state") == "failed" else "retry"
 
 
+async def _state(path: str, subject: dict) -> str:
+    state, _ = await call_predicate(path, subject)
+    return state
+
+
 async def test_predicates_run_without_blocking_the_loop() -> None:
     with watch_blocking(0.05) as blocked:
-        assert await run_predicate("tests.core.test_conditions:sync_ready", {"state": "ready"}) == "success"
-        assert await run_predicate("tests.core.test_conditions.sync_ready", {"state": "no"}) == "retry"
-        assert await run_predicate("tests.core.test_conditions:async_verdict", {"state": "failed"}) == "failure"
+        assert await _state("tests.core.test_conditions:sync_ready", {"state": "ready"}) == "success"
+        assert await _state("tests.core.test_conditions.sync_ready", {"state": "no"}) == "retry"
+        assert await _state("tests.core.test_conditions:async_verdict", {"state": "failed"}) == "failure"
     assert blocked == []
 
 

@@ -118,7 +118,8 @@ async def test_the_server_restarts_mid_wait_and_both_polling_and_listening_recov
         ("unavailable", "server_restarting"),
         ("unavailable", "server_unavailable"),
     }, kinds
-    print(f"\nrestart: both waits succeeded {recovered:.2f}s after the server came back; errors seen: {sorted(kinds, key=str)}")
+    seen = sorted(kinds, key=str)
+    print(f"\nrestart: both waits succeeded {recovered:.2f}s after the server came back; errors seen: {seen}")
 
 
 async def test_a_wrong_password_is_fatal_and_the_right_one_works(
