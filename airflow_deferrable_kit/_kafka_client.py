@@ -33,8 +33,14 @@ SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
 #: How long a cancelled waiter lets a consumer's start finish before stopping it.
 START_GRACE_SECONDS = 10.0
 
+#: How long the worker's one-off lookup of the log end offsets may take (bootstrap included).
+LOG_END_LOOKUP_SECONDS = 30.0
+
 #: A group's committed offsets for some partitions (-1 where it has none).
 CommittedLookup = Callable[[list["TopicPartition"]], Awaitable[dict["TopicPartition", int]]]
+#: Per-partition offsets as they travel in trigger kwargs: ``{topic: {"<partition>": offset}}``
+#: (JSON object keys are strings).
+StartOffsets = Mapping[str, Mapping[str, int]]
 
 
 # ============================================================================ connection
@@ -295,17 +301,21 @@ async def resolve_start(
     start_from: str,
     start_after_ms: int | None,
     committed: CommittedLookup | None = None,
+    start_offsets: StartOffsets | None = None,
 ) -> dict[TopicPartition, int]:
     """The first offset to look at in each partition for this start rule.
 
-    ``timestamp``: the first message stamped at or after ``start_after_ms`` (the end offsets are
-    read *before* the time lookup, so a "not found" answer can safely mean "the end").
+    ``timestamp`` with ``start_offsets``: those offsets (see :func:`from_start_offsets`).
+    ``timestamp`` without: the first message stamped at or after ``start_after_ms`` (the end
+    offsets are read *before* the time lookup, so a "not found" answer can safely mean "the end").
     ``committed``: the group's committed offset; partitions without one use the timestamp rule.
     """
     if not tps:
         return {}
     if start_from == "earliest":
         return {tp: int(offset) for tp, offset in (await consumer.beginning_offsets(tps)).items()}
+    if start_from == "timestamp" and start_offsets is not None:
+        return await from_start_offsets(consumer, tps, start_offsets)
     result: dict[TopicPartition, int] = {}
     todo = list(tps)
     if start_from == "committed" and committed is not None:
@@ -324,6 +334,74 @@ async def resolve_start(
             else:
                 result[tp] = int(hit.offset)
     return result
+
+
+async def from_start_offsets(
+    consumer: AIOKafkaConsumer, tps: list[TopicPartition], start_offsets: StartOffsets
+) -> dict[TopicPartition, int]:
+    """Where each partition starts given the log end offsets fixed when the task first deferred.
+
+    A partition listed there starts at its offset; one that is not (added since, or its whole
+    topic appeared since) holds only newer messages and starts at its beginning. Record
+    timestamps play no part. An offset the log no longer covers is moved into it: up to the
+    oldest retained one (retention deleted the rest), or down to the log end (the log was cut
+    back, or the topic recreated), so the wait neither fails nor skips what comes next.
+    """
+    begins = await consumer.beginning_offsets(tps)
+    ends = await consumer.end_offsets(tps)
+    result: dict[TopicPartition, int] = {}
+    for tp in tps:
+        begin, end = int(begins[tp]), int(ends[tp])
+        fixed = start_offsets.get(tp.topic, {}).get(str(tp.partition))
+        if fixed is None:
+            result[tp] = begin
+            continue
+        if not begin <= fixed <= end:
+            log.warning(
+                "%s[%d]: start offset %d is outside the log (%d..%d); starting at %d",
+                tp.topic,
+                tp.partition,
+                fixed,
+                begin,
+                end,
+                min(max(fixed, begin), end),
+            )
+        result[tp] = min(max(fixed, begin), end)
+    return result
+
+
+async def log_end_offsets(kafka_conn_id: str, topics: list[str]) -> dict[str, dict[str, int]]:
+    """The log end offset of every partition of every topic now, as trigger kwargs carry them.
+
+    Topics that do not exist are left out (with ``wait_for_topic`` they are read from their
+    beginning when they appear). A short-lived group-less consumer, bounded in time, for the
+    worker to fix "every message from now on" before it defers. Never creates a topic.
+    """
+    from aiokafka import TopicPartition
+
+    async def lookup() -> dict[str, dict[str, int]]:
+        options = await load_client_options(kafka_conn_id)
+        consumer = await start_consumer(options, metadata_max_age_ms=30_000)
+        try:
+            result: dict[str, dict[str, int]] = {}
+            for topic in topics:
+                partitions = await topic_partitions(consumer, topic)
+                if partitions is None:
+                    continue
+                await track_topic(consumer, topic)
+                ends = await consumer.end_offsets([TopicPartition(topic, p) for p in sorted(partitions)])
+                result[topic] = {str(tp.partition): int(offset) for tp, offset in sorted(ends.items())}
+            return result
+        finally:
+            await consumer.stop()
+
+    try:
+        return await asyncio.wait_for(lookup(), LOG_END_LOOKUP_SECONDS)
+    except asyncio.TimeoutError as exc:
+        raise TransientError(
+            f"kafka_conn_id={kafka_conn_id!r}: no answer within {LOG_END_LOOKUP_SECONDS:.0f}s looking up the log end",
+            error_type=ErrorType.UNAVAILABLE,
+        ) from exc
 
 
 async def clamp_to_log(consumer: AIOKafkaConsumer, exc: Exception) -> dict[TopicPartition, int]:
@@ -457,12 +535,15 @@ def out_of_range_offsets(exc: Exception) -> dict[TopicPartition, int]:
 
 __all__ = [
     "CommittedOffsets",
+    "StartOffsets",
     "clamp_to_log",
     "classify_kafka_error",
     "client_options",
     "commit_offset",
+    "from_start_offsets",
     "known_position",
     "load_client_options",
+    "log_end_offsets",
     "out_of_range_offsets",
     "resolve_start",
     "start_admin",

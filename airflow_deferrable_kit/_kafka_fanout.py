@@ -103,8 +103,8 @@ class Waiter:
     ``cursor[tp]`` is the next offset this waiter has not looked at. While it is attached to a
     fan-out only the messages handed to it move the cursor (the fan-out's position says how far
     it has really got). Partitions it has no cursor for (added after it started) are read from
-    where the reader found them, keeping only messages stamped at or after the start moment
-    (for ``earliest``, all of them).
+    where the reader found them (their beginning), keeping every message, except for a wait that
+    starts from a moment (``start_after_ms``): it keeps only messages stamped at or after it.
     """
 
     __slots__ = (

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._kafka_client import (
     CommittedOffsets,
+    StartOffsets,
     clamp_to_log,
     classify_kafka_error,
     known_position,
@@ -151,15 +152,23 @@ class TopicReader(FanOut):
         return await self._committed(group_id, tps)
 
     async def start_offsets(
-        self, tps: list[TopicPartition], *, start_from: str, start_after_ms: int | None, group_id: str | None
+        self,
+        tps: list[TopicPartition],
+        *,
+        start_from: str,
+        start_after_ms: int | None,
+        group_id: str | None,
+        fixed: StartOffsets | None = None,
     ) -> dict[TopicPartition, int]:
-        """Where a wait starts in ``tps`` (see :func:`resolve_start`).
+        """Where a wait starts in ``tps`` (see :func:`resolve_start`); ``fixed`` are the offsets
+        fixed when its task first deferred, if it carries them.
 
         Waits that ask the same question while it is being answered (a mass deferral, a
         triggerer restart) share one lookup instead of queueing thousands on one connection.
         """
         assert self.lookup is not None
-        key = (start_from, start_after_ms, group_id, tuple(tps))
+        mine = None if fixed is None else tuple(sorted(fixed.get(self.topic, {}).items()))
+        key = (start_from, start_after_ms, group_id, mine, tuple(tps))
         lookup = self._start_lookups.get(key)
         if lookup is None:
             lookup = self._start_lookups[key] = asyncio.ensure_future(
@@ -169,6 +178,7 @@ class TopicReader(FanOut):
                     start_from=start_from,
                     start_after_ms=start_after_ms,
                     committed=functools.partial(self.committed, group_id) if group_id else None,
+                    start_offsets=None if fixed is None else {self.topic: dict(mine or ())},
                 )
             )
 
@@ -350,8 +360,9 @@ class TopicReader(FanOut):
         new = [tp for tp in (TopicPartition(self.topic, p) for p in sorted(partitions)) if tp not in self.positions]
         if new:
             # The reader starts at the log end. Partitions (or a whole topic) that appear later
-            # hold only messages newer than the reader: read them from their beginning (waiters
-            # keep what was stamped at or after their start).
+            # hold only messages newer than the reader: read them from their beginning (a wait
+            # started from offsets keeps them all; one started from a moment keeps what was
+            # stamped at or after it).
             if initial:
                 starts = await self.lookup.end_offsets(new)
             else:

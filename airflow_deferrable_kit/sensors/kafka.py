@@ -1,4 +1,9 @@
-"""Wait for a Kafka message that matches a condition, without a worker slot and without a group."""
+"""Wait for a Kafka message that matches a condition, without a worker slot and without a group.
+
+The default start, "every message produced after the task first deferred", is a set of offsets:
+the log end of every partition when the first try first ran, looked up in the worker and kept
+for the later tries in Airflow's task state store (see :meth:`KafkaMessageSensor.fix_start`).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,21 @@ from typing import Any
 
 from airflow.sdk import Context
 
-from airflow_deferrable_kit._kafka_client import commit_offset
+from airflow_deferrable_kit._kafka_client import commit_offset, log_end_offsets
 from airflow_deferrable_kit._kafka_messages import canonical_acceptors
 from airflow_deferrable_kit.payload import SUCCESS
 from airflow_deferrable_kit.sensors.base import DeferrableSensor, is_unresolved
 from airflow_deferrable_kit.sensors.temporal import to_utc_iso
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
+
+#: The task state store key (Airflow >= 3.3, scoped to the task instance: dag run, task id and
+#: map index) under which the first try keeps its start for the later ones. Renaming it breaks
+#: the retries of tasks already running.
+START_KEY = "airflow_deferrable_kit.kafka.start"
+#: Airflow's ``NEVER_EXPIRE`` retention (compared by identity): the start must outlive every try,
+#: however long apart; the row still goes with its dag run, or on success with
+#: ``[state_store] clear_on_success``.
+NEVER_EXPIRE = dt.timedelta.max
 
 
 def to_epoch_ms(value: Any, *, argument: str = "start_after") -> int | None:
@@ -51,10 +65,13 @@ class KafkaMessageSensor(DeferrableSensor):
     :param predicate: dotted path ``"pkg.module:function"`` of a sync or async callable receiving
         the message (``topic``, ``partition``, ``offset``, ``timestamp``, ``key``, ``headers``,
         ``value``) and returning true / ``"success"``, ``"failure"`` or false.
-    :param start_from: ``"timestamp"`` (default: messages produced after ``start_after``),
-        ``"earliest"`` or ``"committed"`` (``group_id``'s committed offsets, read-only).
-    :param start_after: the start moment: a datetime, ISO 8601 string or epoch milliseconds
-        (templated). Default: the moment the task first deferred (first poke in reschedule mode).
+    :param start_from: ``"timestamp"`` (default: every message produced after the task first
+        deferred, or stamped at or after ``start_after`` if given), ``"earliest"`` or
+        ``"committed"`` (``group_id``'s committed offsets, read-only).
+    :param start_after: a start moment instead: a datetime, ISO 8601 string or epoch
+        milliseconds (templated), mapped to offsets by the messages' timestamps. Default: none,
+        the wait starts at the log end offsets of the task's first deferral (first poke when
+        poking), kept across retries, reschedules and triggerer restarts.
     :param group_id: the consumer group for ``start_from="committed"`` and ``commit_on_match``.
     :param commit_on_match: commit the matched message's offset + 1 to ``group_id`` once the
         task has resumed with the event (at-least-once). Not compatible with ``end_from_trigger``.
@@ -71,6 +88,7 @@ class KafkaMessageSensor(DeferrableSensor):
     acceptors: list[dict[str, Any]]
     predicate: str | None
     start_from: str
+    start_offsets: dict[str, dict[str, int]] | None
     start_after_ms: Any
     group_id: str | None
 
@@ -122,17 +140,91 @@ class KafkaMessageSensor(DeferrableSensor):
         return params
 
     def execute(self, context: Context) -> Any:
-        if self.start_after_ms is None and self.start_from != "earliest":
-            # Fixed once, here: the trigger carries it, so re-deferrals and triggerer restarts
-            # map it to the same offsets and nothing produced in between is missed.
-            self.start_after_ms = self._start_moment_ms(context)
+        if self.start_from == "timestamp" and self.start_after_ms is None and self.start_offsets is None:
+            self.fix_start(context)
+        elif self.start_from == "committed" and self.start_after_ms is None:
+            # The moment for partitions where the group has no offset; the trigger carries it.
+            self.start_after_ms = self._first_moment_ms(context, or_run_start=False)
         return super().execute(context)
 
-    def _start_moment_ms(self, context: Context) -> int:
+    # ---------------------------------------------------------------- the default start
+    def fix_start(self, context: Context) -> None:
+        """Fix "every message produced after the task first deferred", once per task instance.
+
+        The first execution of the first try looks up the log end offset of every partition of
+        every topic (in the worker, before it checks or defers) and keeps them in the task state
+        store; every later execution (another try, a reschedule, a cleared task) reads them back,
+        so a retry never moves the start forward. The trigger carries them in its kwargs, so
+        re-deferrals and triggerer restarts start from the same offsets. Timestamps and clocks
+        play no part. Fallbacks, each logged: a broker the worker cannot reach gives "stamped
+        now or later" (the rule of earlier versions); a later execution that finds nothing
+        stored (Airflow < 3.3, or the row was cleared) starts from the first poke or the dag run
+        start, by timestamp.
+        """
+        store = context.get("task_state_store")
+        stored = _stored_start(store.get(START_KEY) if store is not None else None)
+        topics = list(self.topics)
+        if stored is not None:
+            self._reuse_start(stored, store)
+            return
+        if not self._first_execution(context):
+            self.start_after_ms = self._first_moment_ms(context, or_run_start=True)
+            self.log.warning(
+                "No start stored by this task's first try (%s); starting from messages stamped at or after %d ms",
+                "no task state store" if store is None else f"no {START_KEY!r} key",
+                self.start_after_ms,
+            )
+        else:
+            try:
+                self.start_offsets = asyncio.run(log_end_offsets(self.kafka_conn_id, topics))
+            except Exception as exc:  # the wait itself reports a broker it cannot use
+                self.start_after_ms = int(time.time() * 1000)
+                self.log.warning(
+                    "Could not look up the log end offsets (%s: %s); starting from messages stamped at or after %d ms",
+                    type(exc).__name__,
+                    exc,
+                    self.start_after_ms,
+                )
+            else:
+                self.log.info("Starting at the log end offsets %s", self.start_offsets)
+        if store is not None:
+            if self.start_offsets is not None:
+                record: dict[str, Any] = {"offsets": self.start_offsets, "topics": topics}
+            else:
+                record = {"after_ms": self.start_after_ms}
+            store.set(START_KEY, record, retention=NEVER_EXPIRE)
+
+    def _reuse_start(self, stored: dict[str, Any], store: Any) -> None:
+        """Take the first try's start; topics added to the task since are looked up now."""
+        if "after_ms" in stored:
+            self.start_after_ms = stored["after_ms"]
+            self.log.info("Starting from the first try's moment: %d ms", self.start_after_ms)
+            return
+        offsets: dict[str, dict[str, int]] = dict(stored["offsets"])
+        looked_up: list[str] = list(stored["topics"])
+        new = [topic for topic in self.topics if topic not in looked_up]
+        if new:
+            offsets.update(asyncio.run(log_end_offsets(self.kafka_conn_id, new)))
+            store.set(START_KEY, {"offsets": offsets, "topics": looked_up + new}, retention=NEVER_EXPIRE)
+        self.start_offsets = {topic: offsets[topic] for topic in self.topics if topic in offsets}
+        self.log.info("Starting at the first try's offsets %s", self.start_offsets)
+
+    def _first_execution(self, context: Context) -> bool:
+        """Whether this is the first try's first run (later ones: a retry, a later reschedule)."""
+        ti = context["ti"]
+        if (getattr(ti, "try_number", None) or 1) > 1:
+            return False
+        return not (not self.deferrable and self.reschedule and ti.get_first_reschedule_date(context) is not None)
+
+    def _first_moment_ms(self, context: Context, *, or_run_start: bool) -> int:
+        """The first poke (reschedule mode), else the dag run's start if asked, else now."""
         if not self.deferrable and self.reschedule:
             first = context["ti"].get_first_reschedule_date(context)
             if first is not None:
                 return int(first.timestamp() * 1000)
+        started = getattr(context.get("dag_run"), "start_date", None) if or_run_start else None
+        if isinstance(started, dt.datetime):
+            return int(started.timestamp() * 1000)
         return int(time.time() * 1000)
 
     def _poll_in_worker(self) -> dict[str, Any] | None:
@@ -165,3 +257,20 @@ class KafkaMessageSensor(DeferrableSensor):
                 self.group_id,
             )
         return result
+
+
+def _stored_start(value: Any) -> dict[str, Any] | None:
+    """A start record read back from the task state store, or None if absent or unreadable."""
+    if not isinstance(value, dict):
+        return None
+    after_ms = value.get("after_ms")
+    if isinstance(after_ms, int) and not isinstance(after_ms, bool) and after_ms >= 0:
+        return {"after_ms": after_ms}
+    offsets, topics = value.get("offsets"), value.get("topics")
+    if (
+        isinstance(offsets, dict)
+        and isinstance(topics, list)
+        and all(isinstance(partitions, dict) for partitions in offsets.values())
+    ):
+        return {"offsets": offsets, "topics": topics}
+    return None

@@ -15,8 +15,9 @@ What makes this wait cheap and safe at scale:
   number), then join; a waiter too slow to keep up (a slow predicate) leaves, catches up at its
   own pace and joins again, so buffers stay bounded.
 * **Nothing missed.** The default start is "every message produced after the task first
-  deferred": the sensor fixes that moment (``start_after_ms``) once and it travels in the
-  kwargs, so a triggerer restart maps it to the same offsets with ``offsets_for_times``.
+  deferred": the sensor fixes the log end offset of every partition then (``start_offsets``),
+  once, and they travel in the kwargs, so a triggerer restart or a re-deferral starts from the
+  very same offsets, whatever the messages' timestamps or the producers' clocks say.
 * **Never blocks, never sleeps per message.** The reader scans as fast as the broker serves,
   yields to the loop during long fan-outs and after every batch of wake-ups, and wakes a waiter
   the moment a match arrives.
@@ -75,11 +76,16 @@ class KafkaMessageTrigger(PollingTrigger):
         with matchers ``key``, ``value``, ``path`` (a JSON path into the value) and ``header``.
     :param predicate: dotted path of a callable ``f(message) -> bool | "success" | "failure"``;
         it receives ``{"topic", "partition", "offset", "timestamp", "key", "headers", "value"}``.
-    :param start_from: ``timestamp`` (messages stamped at or after ``start_after_ms``),
-        ``earliest`` (the whole retained log) or ``committed`` (``group_id``'s committed offsets,
-        read-only; partitions without one use the timestamp rule).
-    :param start_after_ms: the start moment in epoch milliseconds; filled with "now" when absent,
-        and carried in the kwargs so a restart never moves it.
+    :param start_from: ``timestamp`` (from ``start_offsets``, else messages stamped at or after
+        ``start_after_ms``), ``earliest`` (the whole retained log) or ``committed``
+        (``group_id``'s committed offsets, read-only; partitions without one use the timestamp rule).
+    :param start_offsets: ``{topic: {"<partition>": offset}}``, the log end offsets when the task
+        first deferred: each listed partition starts there, every other one (added since, or a
+        topic that appeared since) at its beginning. Record timestamps play no part. Only with
+        ``start_from="timestamp"``, and not with ``start_after_ms``.
+    :param start_after_ms: the start moment in epoch milliseconds; without it and without
+        ``start_offsets`` it is filled with "now" (a trigger stored by an earlier version), and
+        carried in the kwargs so a restart never moves it.
     :param group_id: the consumer group whose offsets ``start_from="committed"`` reads.
     :param value_format: ``json`` (non-JSON values are skipped as malformed), ``text`` or ``bytes``.
     :param wait_for_topic: wait for a topic that does not exist yet instead of failing.
@@ -90,6 +96,7 @@ class KafkaMessageTrigger(PollingTrigger):
     acceptors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     predicate: str | None = None
     start_from: str = "timestamp"
+    start_offsets: dict[str, dict[str, int]] | None = None
     start_after_ms: int | None = None
     group_id: str | None = None
     value_format: str = "json"
@@ -154,16 +161,45 @@ class KafkaMessageTrigger(PollingTrigger):
             isinstance(self.start_after_ms, bool) or not isinstance(self.start_after_ms, int) or self.start_after_ms < 0
         ):
             raise ValueError(f"start_after_ms must be epoch milliseconds (an int >= 0), got {self.start_after_ms!r}")
-        if self.start_after_ms is None and self.start_from != "earliest":
+        self._validate_start_offsets()
+        if self.start_after_ms is None and self.start_offsets is None and self.start_from != "earliest":
             self.start_after_ms = int(self.clock.time() * 1000)
         if not isinstance(self.wait_for_topic, bool):
             raise ValueError(f"wait_for_topic must be true or false, got {self.wait_for_topic!r}")
+
+    def _validate_start_offsets(self) -> None:
+        offsets = self.start_offsets
+        if offsets is None:
+            return
+        if self.start_from != "timestamp":
+            raise ValueError(f"start_offsets only applies to start_from='timestamp', not {self.start_from!r}")
+        if self.start_after_ms is not None:
+            raise ValueError("give start_offsets or start_after_ms, not both")
+        shape = "start_offsets must be {topic: {partition: offset}} with offsets >= 0"
+        if not isinstance(offsets, dict):
+            raise ValueError(f"{shape}, got {type(offsets).__name__}")
+        normalised: dict[str, dict[str, int]] = {}
+        for topic, partitions in offsets.items():
+            if not isinstance(topic, str) or not isinstance(partitions, dict):
+                raise ValueError(f"{shape}, got {topic!r}: {partitions!r}")
+            normalised[topic] = {}
+            for partition, offset in partitions.items():
+                good_offset = isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
+                if not str(partition).isdigit() or not good_offset:
+                    raise ValueError(f"{shape}, got {topic!r}: {{{partition!r}: {offset!r}}}")
+                normalised[topic][str(int(partition))] = offset
+        self.start_offsets = normalised
 
     def describe(self) -> str:
         condition = f"{len(self.acceptors)} condition(s)" if self.acceptors else "any message"
         if self.predicate:
             condition += f" + predicate {self.predicate}"
-        start = self.start_from if self.start_from != "timestamp" else f"after {self.start_after_ms} ms"
+        if self.start_from != "timestamp":
+            start = self.start_from
+        elif self.start_offsets is not None:
+            start = "the log end offsets when the task first deferred"
+        else:
+            start = f"after {self.start_after_ms} ms"
         return f"Kafka message on {', '.join(self.topics)} via {self.kafka_conn_id} ({condition}; from {start})"
 
     def classify_error(self, exc: Exception) -> WaitError:
@@ -251,6 +287,7 @@ class KafkaMessageTrigger(PollingTrigger):
                 start_from=self.start_from,
                 start_after_ms=self.start_after_ms,
                 group_id=self.group_id,
+                fixed=self.start_offsets,
             )
             for tp, offset in start.items():
                 waiter.cursor.setdefault(tp, offset)
@@ -293,7 +330,13 @@ class KafkaMessageTrigger(PollingTrigger):
     def _payload(self, message: KafkaMessage, matched: dict[str, Any] | None) -> dict[str, Any]:
         data = message.payload(self.value_format)
         data["matched"] = matched
-        data["start"] = {"from": self.start_from, "after_ms": self.start_after_ms, "group_id": self.group_id}
+        data["start"] = {
+            "from": self.start_from,
+            "after_ms": self.start_after_ms,
+            # Of the message's topic only: with many topics and partitions the whole map is large.
+            "offsets": None if self.start_offsets is None else self.start_offsets.get(message.topic, {}),
+            "group_id": self.group_id,
+        }
         if self._waiter is not None:
             data.update(self._waiter.stats())
         return data
@@ -372,6 +415,7 @@ class KafkaMessageTrigger(PollingTrigger):
                         start_from=self.start_from,
                         start_after_ms=self.start_after_ms,
                         committed=functools.partial(committed, self.group_id) if self.group_id else None,
+                        start_offsets=self.start_offsets,
                     )
                 )
                 ends = {tp: int(offset) for tp, offset in (await consumer.end_offsets(tps)).items()}

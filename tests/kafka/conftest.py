@@ -1,5 +1,6 @@
 """Fixtures for the Kafka wait: the shared broker, per-test topics, a producer, socket counting,
-and private brokers for the tests that restart one or require authentication."""
+a task state store and task contexts for retries, and private brokers for the tests that restart
+one or require authentication."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import itertools
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,13 +33,23 @@ def unique(prefix: str) -> str:
 
 @dataclass
 class Message:
-    """What a test produces: value may be a JSON value, raw bytes, or None (a tombstone)."""
+    """What a test produces: value may be a JSON value, raw bytes, or None (a tombstone).
+
+    ``timestamp_ms`` stamps the record as its producer says (Kafka ``CreateTime``), as Kafka
+    Streams, Connect or a producer with a slow clock do; by default the producer's clock.
+    """
 
     value: Any = None
     key: str | bytes | None = None
     headers: Sequence[tuple[str, bytes]] = ()
     partition: int | None = None
     raw: bool = False
+    timestamp_ms: int | None = None
+
+
+def hours_ago(hours: float) -> int:
+    """Epoch milliseconds ``hours`` before now: a timestamp from a producer whose clock is behind."""
+    return int((time.time() - hours * 3600) * 1000)
 
 
 def _encode(message: Message) -> bytes | None:
@@ -56,7 +68,12 @@ async def produce(bootstrap: str, topic: str, *messages: Message) -> list[tuple[
             key = message.key.encode() if isinstance(message.key, str) else message.key
             futures.append(
                 await producer.send(
-                    topic, value=_encode(message), key=key, headers=list(message.headers), partition=message.partition
+                    topic,
+                    value=_encode(message),
+                    key=key,
+                    headers=list(message.headers),
+                    partition=message.partition,
+                    timestamp_ms=message.timestamp_ms,
                 )
             )
         return [((meta := await future).partition, meta.offset) for future in futures]
@@ -123,6 +140,41 @@ def broker_sockets(port: int) -> int:
                 if fields[3] == "01" and remote_port == port and fields[9] in inodes:
                     count += 1
     return count
+
+
+class TaskStateStore:
+    """Airflow's task state store as a task sees it (``context["task_state_store"]``), in memory.
+
+    Values go through JSON, as they do through the Execution API; one instance stands for the
+    rows of one task instance, shared by all its tries.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[str, str] = {}
+        self.retention: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return json.loads(self.rows[key]) if key in self.rows else default
+
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
+        if value is None:
+            raise ValueError("Cannot set value as None")
+        self.rows[key] = json.dumps(value)
+        self.retention[key] = retention
+
+    def delete(self, key: str) -> None:
+        self.rows.pop(key, None)
+
+
+def task_context(task: Any, store: TaskStateStore | None, *, try_number: int = 1, **overrides: Any) -> dict[str, Any]:
+    """The context of one try of ``task`` whose task instance keeps its state in ``store``."""
+    from airflow_deferrable_kit.testing import make_context
+
+    context = make_context(task, **overrides)
+    context["ti"].try_number = try_number
+    if store is not None:
+        context["task_state_store"] = store
+    return context
 
 
 def set_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, bootstrap: str, **extra: Any) -> str:

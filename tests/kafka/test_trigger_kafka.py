@@ -23,6 +23,7 @@ from tests.kafka.conftest import (
     committed,
     create_topic,
     eventually,
+    hours_ago,
     produce,
     set_connection,
     unique,
@@ -45,6 +46,27 @@ def path_is(path: str, value: Any, state: str = "success", comparator: str = "eq
 async def produce_elsewhere(bootstrap: str, topic: str, *messages: Message) -> list[tuple[int, int]]:
     """Produce from another thread and loop, so the producer's own work is not measured as ours."""
     return await asyncio.to_thread(asyncio.run, produce(bootstrap, topic, *messages))
+
+
+async def waiting(trigger: KafkaMessageTrigger, topic: str) -> asyncio.Future[Any]:
+    """Run ``trigger`` to its event in the background; return once it waits on ``topic``'s reader."""
+    task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
+    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
+    return task
+
+
+async def recreate_topic(bootstrap: str, name: str, partitions: int) -> None:
+    """Grow a topic's partition set: tansu 0.6 has no CreatePartitions, so delete and recreate it;
+    the reader sees the new partitions appear, as after a real partition add."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([name])
+    finally:
+        await admin.close()
+    await create_topic(bootstrap, name, partitions=partitions)
 
 
 def reader_for(conn: str, topic: str) -> TopicReader:
@@ -257,6 +279,82 @@ async def test_restart_keeps_the_start_moment(bootstrap: str, kafka_conn: str, t
     assert (payload["partition"], payload["offset"]) == placed[0]
 
 
+async def test_start_offsets_start_each_partition_there_and_unlisted_ones_at_zero(
+    bootstrap: str, kafka_conn: str, topic: str
+) -> None:
+    """Partition 2 is not in the offsets (it was added after the deferral): read from offset 0.
+    The listed ones start at their offsets, whatever the records' timestamps say."""
+    await produce(bootstrap, topic, Message({"n": 0}, key="k", partition=0), Message({"n": 1}, key="k", partition=1))
+    stamped = hours_ago(5)
+    placed = await produce(bootstrap, topic, Message({"n": 2}, key="k", partition=2, timestamp_ms=stamped))
+    trigger = make(topic, kafka_conn, start_offsets={topic: {"0": 1, "1": 1}}, acceptors=[key_is("k")])
+    assert trigger.start_after_ms is None
+    payload = (await run_trigger(trigger, timeout=20)).payload
+    assert (payload["partition"], payload["offset"]) == placed[0] == (2, 0)
+    assert payload["examined"] == 1 and payload["timestamp"] == stamped
+
+
+async def test_a_topic_that_did_not_exist_at_the_deferral_is_read_from_zero(
+    bootstrap: str, kafka_conn: str, fast_refresh: None
+) -> None:
+    """Its messages are all new, even those stamped before the deferral (the moment rule kept
+    only messages stamped after it here, and missed this one)."""
+    name = unique("later")
+    trigger = make(name, kafka_conn, wait_for_topic=True, start_offsets={}, acceptors=[key_is("k")])
+    task = await waiting(trigger, name)
+    await create_topic(bootstrap, name, partitions=2)
+    placed = await produce(bootstrap, name, Message({"n": 1}, key="k", partition=1, timestamp_ms=hours_ago(8)))
+    payload = (await task).payload
+    assert (payload["partition"], payload["offset"]) == placed[0] == (1, 0)
+
+
+async def test_partitions_added_while_waiting_are_read_from_zero_whatever_their_timestamps(
+    bootstrap: str, kafka_conn: str, fast_refresh: None
+) -> None:
+    name = await create_topic(bootstrap, unique("grow"), partitions=1)
+    trigger = make(name, kafka_conn, start_offsets={name: {"0": 0}}, acceptors=[key_is("k")])
+    task = await waiting(trigger, name)
+    await recreate_topic(bootstrap, name, partitions=3)
+    placed = await produce(bootstrap, name, Message({"n": 1}, key="k", partition=2, timestamp_ms=hours_ago(8)))
+    payload = (await task).payload
+    assert (payload["partition"], payload["offset"]) == placed[0] == (2, 0)
+
+
+async def test_a_start_offset_past_the_log_end_starts_at_the_log_end(
+    bootstrap: str, kafka_conn: str, topic: str
+) -> None:
+    """The log was cut back or the topic recreated since the deferral: nothing after is skipped."""
+    await produce(bootstrap, topic, Message({"n": 0}, key="k", partition=0))
+    trigger = make(topic, kafka_conn, start_offsets={topic: {"0": 999, "1": 0, "2": 0}}, acceptors=[key_is("k")])
+    task = await waiting(trigger, topic)
+    placed = await produce(bootstrap, topic, Message({"n": 1}, key="k", partition=0))
+    payload = (await task).payload
+    assert (payload["partition"], payload["offset"]) == placed[0] == (0, 1)
+
+
+async def test_a_trigger_stored_by_the_previous_version_still_runs(bootstrap: str, kafka_conn: str, topic: str) -> None:
+    """Kwargs without ``start_offsets`` (stored before it existed) keep the moment rule."""
+    start = int(time.time() * 1000)
+    _, kwargs = make(topic, kafka_conn, start_after_ms=start, acceptors=[key_is("k")]).serialize()
+    del kwargs["start_offsets"]
+    await asyncio.sleep(0.01)
+    placed = await produce(bootstrap, topic, Message({"n": 1}, key="k"))
+    stored = KafkaMessageTrigger(**json.loads(json.dumps(kwargs)))
+    assert stored.start_offsets is None and stored.start_after_ms == start
+    payload = (await run_trigger(stored, timeout=20)).payload
+    assert (payload["partition"], payload["offset"]) == placed[0]
+    assert payload["start"]["after_ms"] == start and payload["start"]["offsets"] is None
+
+
+async def test_the_poke_path_scans_from_the_start_offsets(bootstrap: str, kafka_conn: str, topic: str) -> None:
+    await produce(bootstrap, topic, Message({"n": 0}, key="k", partition=0))
+    placed = await produce(bootstrap, topic, Message({"n": 1}, key="k", partition=0, timestamp_ms=hours_ago(2)))
+    trigger = make(topic, kafka_conn, start_offsets={topic: {"0": 1, "1": 0, "2": 0}}, acceptors=[key_is("k")])
+    payload = await trigger.poll_once()
+    assert payload is not None and (payload["partition"], payload["offset"]) == placed[0] == (0, 1)
+    assert payload["examined"] == 1
+
+
 # ------------------------------------------------------------------------ robustness
 async def test_malformed_undecodable_and_tombstones_are_skipped_and_counted(
     bootstrap: str, kafka_conn: str, topic: str
@@ -335,8 +433,7 @@ async def test_unknown_topic_is_fatal_by_default(kafka_conn: str) -> None:
 async def test_waits_for_a_topic_created_later(bootstrap: str, kafka_conn: str, fast_refresh: None) -> None:
     name = unique("later")
     trigger = make(name, kafka_conn, wait_for_topic=True, acceptors=[key_is("k")])
-    task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
-    await eventually(lambda: trigger._waiter is not None and name in trigger._waiter.attached)
+    task = await waiting(trigger, name)
     await create_topic(bootstrap, name, partitions=2)
     placed = await produce(bootstrap, name, Message({"n": 1}, key="k", partition=1))
     payload = (await task).payload
@@ -346,22 +443,12 @@ async def test_waits_for_a_topic_created_later(bootstrap: str, kafka_conn: str, 
 async def test_partitions_that_appear_while_waiting_are_read(
     bootstrap: str, kafka_conn: str, fast_refresh: None
 ) -> None:
-    """tansu 0.6 has no CreatePartitions, so the partition set grows by recreating the topic with
-    more partitions; the reader sees partitions 1 and 2 appear, as after a real partition add."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
+    """The reader sees partitions 1 and 2 appear (see :func:`recreate_topic`)."""
     name = await create_topic(bootstrap, unique("grow"), partitions=1)
     trigger = make(name, kafka_conn, acceptors=[key_is("k")])
-    task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
-    await eventually(lambda: trigger._waiter is not None and name in trigger._waiter.attached)
+    task = await waiting(trigger, name)
     reader = reader_for(kafka_conn, name)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([name])
-    finally:
-        await admin.close()
-    await create_topic(bootstrap, name, partitions=3)
+    await recreate_topic(bootstrap, name, partitions=3)
     placed = await produce(bootstrap, name, Message({"n": 1}, key="k", partition=2))
     payload = (await task).payload
     assert (payload["partition"], payload["offset"]) == placed[0] == (2, 0)

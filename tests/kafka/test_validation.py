@@ -40,6 +40,14 @@ def test_start_moment_is_fixed_when_built_and_kept_in_kwargs() -> None:
     assert KafkaMessageTrigger(topics=["t"], start_from="earliest").start_after_ms is None
 
 
+def test_start_offsets_travel_as_json_with_string_partitions() -> None:
+    trigger = KafkaMessageTrigger(topics=["t", "u"], start_offsets={"t": {0: 5, "1": 7}})
+    assert trigger.start_offsets == {"t": {"0": 5, "1": 7}} and trigger.start_after_ms is None
+    kwargs = json.loads(json.dumps(trigger.serialize()[1]))
+    assert kwargs["start_offsets"] == {"t": {"0": 5, "1": 7}}
+    assert KafkaMessageTrigger(**kwargs) == trigger
+
+
 @pytest.mark.parametrize(
     ("kwargs", "argument"),
     [
@@ -52,6 +60,13 @@ def test_start_moment_is_fixed_when_built_and_kept_in_kwargs() -> None:
         ({"topics": ["a"], "start_from": "committed"}, "group_id"),
         ({"topics": ["a"], "start_after_ms": -1}, "start_after_ms"),
         ({"topics": ["a"], "start_after_ms": True}, "start_after_ms"),
+        ({"topics": ["a"], "start_offsets": {"a": {"0": -1}}}, "start_offsets"),
+        ({"topics": ["a"], "start_offsets": {"a": {"p0": 1}}}, "start_offsets"),
+        ({"topics": ["a"], "start_offsets": {"a": [1, 2]}}, "start_offsets"),
+        ({"topics": ["a"], "start_offsets": {"a": {"0": True}}}, "start_offsets"),
+        ({"topics": ["a"], "start_offsets": [1]}, "start_offsets"),
+        ({"topics": ["a"], "start_offsets": {}, "start_after_ms": 1}, "not both"),
+        ({"topics": ["a"], "start_offsets": {}, "start_from": "earliest"}, "start_offsets"),
         ({"topics": ["a"], "predicate": "not a path"}, "predicate"),
         ({"topics": ["a"], "acceptors": [{"state": "success", "matcher": "offset", "expected": 1}]}, "matcher"),
         (
