@@ -134,7 +134,7 @@ def client_options(
 
 async def load_client_options(conn_id: str) -> dict[str, Any]:
     """Resolve ``conn_id`` in the triggerer into aiokafka kwargs (secrets never leave this call)."""
-    conn = await get_connection(conn_id, argument="kafka_conn_id")
+    conn = await get_connection(conn_id, argument="kafka_conn_id", conn_types=("kafka",))
     extra = await get_extra(conn)
     options, tls = client_options(
         conn_id=conn_id, host=conn.host, port=conn.port, login=conn.login, password=conn.password, extra=extra

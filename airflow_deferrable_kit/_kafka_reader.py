@@ -34,6 +34,7 @@ from airflow_deferrable_kit._kafka_client import (
 from airflow_deferrable_kit._kafka_fanout import CatchUpPass, FanOut, Waiter
 from airflow_deferrable_kit._kafka_messages import KafkaMessage
 from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import Decision
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
@@ -295,11 +296,11 @@ class TopicReader(FanOut):
         if not isinstance(error, TransientError):
             raise error from exc
         delay = full_jitter(failures, base=0.5, cap=30.0)
-        log.warning("Kafka %s for %s: %s; retrying in %.2fs", what, self.topic, error.message, delay)
+        log.warning("Kafka %s for %s: %s; retrying in %.2fs", what, self.topic, redact(error.message), delay)
         await asyncio.sleep(delay)
 
     def _fail(self, error: WaitError) -> None:
-        log.error("Kafka reader for %s failed: %s", self.topic, error.message)
+        log.error("Kafka reader for %s failed: %s", self.topic, redact(error.message))
         self.fatal = error
         for waiter in self.everyone():
             waiter.wake.set()
