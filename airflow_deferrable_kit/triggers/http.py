@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
+from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._http_client import (
     NOT_JSON,
     SESSION_KEY,
@@ -109,8 +110,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
 
     # -------------------------------------------------------------------- validation
     def validate(self) -> None:
-        if not isinstance(self.http_conn_id, str) or not self.http_conn_id:
-            raise ValueError(f"http_conn_id must be a non-empty string, got {self.http_conn_id!r}")
+        require_conn_id(self.http_conn_id, argument="http_conn_id")
         if not isinstance(self.endpoint, str):
             raise ValueError(f"endpoint must be a string, got {type(self.endpoint).__name__}")
         if "://" in self.endpoint:
@@ -137,10 +137,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         if not all(_is_status(code) for code in codes):
             raise ValueError(f"not_yet_codes must be a list of HTTP status integers (100-599), got {codes!r}")
         self._select_paths = {path: parse_path(path, argument="select") for path in self._require_list("select")}
-        for name in ("request_timeout",):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        require_seconds(self.request_timeout, argument="request_timeout")
         if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be a positive integer, got {self.max_body_bytes!r}")
         chars = self.excerpt_chars

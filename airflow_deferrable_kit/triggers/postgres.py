@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
+from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool
 from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
 from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
@@ -263,13 +264,10 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
 
     # -------------------------------------------------------------------- validation
     def validate(self) -> None:
-        if not isinstance(self.postgres_conn_id, str) or not self.postgres_conn_id:
-            raise ValueError(f"postgres_conn_id must be a non-empty string, got {self.postgres_conn_id!r}")
+        require_conn_id(self.postgres_conn_id, argument="postgres_conn_id")
         if (self.table is None) == (self.sql is None):
             raise ValueError("give exactly one of table=... (declarative) or sql=... (custom query)")
-        timeout = self.statement_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"statement_timeout must be a positive number of seconds, got {timeout!r}")
+        require_seconds(self.statement_timeout, argument="statement_timeout")
         validate_identifiers(
             table=self.table,
             match=self.match,

@@ -16,6 +16,7 @@ import re
 from collections.abc import Awaitable, Iterable
 from typing import Any, Final
 
+from airflow_deferrable_kit._arguments import require_conn_id
 from airflow_deferrable_kit._s3_client import (
     S3Settings,
     classify_s3_error,
@@ -187,8 +188,7 @@ class S3KeyTrigger(PollingTrigger):
             isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0
         ):
             raise ValueError(f"min_size must be a non-negative integer number of bytes or None, got {self.min_size!r}")
-        if self.aws_conn_id is not None and (not isinstance(self.aws_conn_id, str) or not self.aws_conn_id.strip()):
-            raise ValueError(f"aws_conn_id must be a non-empty string or None, got {self.aws_conn_id!r}")
+        require_conn_id(self.aws_conn_id, argument="aws_conn_id", optional=True)
 
     def describe(self) -> str:
         bucket, key = self._targets[0]
