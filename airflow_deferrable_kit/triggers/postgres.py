@@ -216,7 +216,7 @@ def value_in_row(row: dict[str, Any], acceptor: Acceptor) -> Any:
     """What an acceptor looks at: a column by name, or a JSON path into the row."""
     if acceptor.matcher == "column":
         return row.get(acceptor.argument or "", MISSING)
-    return lookup(row, acceptor.argument or "")
+    return lookup(row, acceptor.parts)
 
 
 # ------------------------------------------------------------------------------ trigger
@@ -278,13 +278,8 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         for name in ("acceptors", "success", "failure", "retry"):
             if not isinstance(getattr(self, name), list):
                 raise ValueError(f"{name} must be a list of conditions, got {getattr(self, name)!r}")
-        success, failure = list(self.success), list(self.failure)
         if self.table is not None:
             self._validate_declarative()
-            if self.status_column is not None:
-                if self.failed_values:
-                    failure.insert(0, {"column": self.status_column, "in": self.failed_values})
-                success.insert(0, {"column": self.status_column, "in": self.ready_values})
             self._sql, self._args, self._labels = compile_marker_query(
                 table=self.table,
                 match=self.match,
@@ -295,11 +290,26 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             )
         else:
             self._validate_custom()
-        canonical = ConditionSet.canonicalise(
-            matchers=MATCHERS, acceptors=self.acceptors, success=success, failure=failure, retry=self.retry
-        )
-        self._conditions = ConditionSet.load(canonical, self.predicate, matchers=MATCHERS)
+        self._conditions = ConditionSet.load(self._canonical_conditions(), self.predicate, matchers=MATCHERS)
         self._bound: list[Any] | None = None
+
+    def _canonical_conditions(self) -> list[dict[str, Any]]:
+        """Every acceptor in order: the user's groups, with the status column's rules first in theirs.
+
+        Each group is checked on its own, so an error names the entry the user wrote
+        (``success[0]``), not its place after the rules derived from ``status_column``.
+        """
+        derived: dict[str, list[dict[str, Any]]] = {"failure": [], "success": []}
+        if self.table is not None and self.status_column is not None:
+            column = {"matcher": "column", "argument": self.status_column, "comparator": "in"}
+            if self.failed_values:
+                derived["failure"].append({**column, "state": "failure", "expected": self.failed_values})
+            derived["success"].append({**column, "state": "success", "expected": self.ready_values})
+        canonical: list[dict[str, Any]] = []
+        for name in ("acceptors", "failure", "retry", "success"):
+            group = ConditionSet.canonicalise(matchers=MATCHERS, **{name: getattr(self, name)})
+            canonical += derived.get(name, []) + group
+        return canonical
 
     def _validate_declarative(self) -> None:
         if self.parameters:
