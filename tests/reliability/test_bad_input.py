@@ -65,11 +65,22 @@ CASES: list[tuple[type[DeferrableSensor], dict[str, Any], tuple[str, ...]]] = [
     (HttpBatchReadySensor, {"success": [{"path": "state[", "equals": "ready"}]}, ("success[0]", "state[")),
     (HttpBatchReadySensor, {"success": [{"path": "", "equals": "ready"}]}, ("success[0]", "path")),
     (KafkaMessageSensor, {"success": [{"path": "a[", "equals": 1}]}, ("success[0]", "a[")),
+    (HttpBatchReadySensor, {"success": [{"path": "$..state", "equals": "ready"}]}, ("success[0]", "$..state")),
+    (HttpBatchReadySensor, {"success": [{"path": "items[*].state", "equals": 1}]}, ("success[0]", "[*]")),
+    (HttpBatchReadySensor, {"select": ["@.rows"]}, ("select", "@.rows")),
+    (PostgresBatchMarkerSensor, {"success": [{"path": "$[?(@.ok)]", "equals": 1}]}, ("success[0]", "$[?(@.ok)]")),
+    (HttpBatchReadySensor, {"failure": [{"status": 99}]}, ("failure[0]", "99")),
+    (PostgresBatchMarkerSensor, {"success": [{"column": "rows"}]}, ("success[0]",)),
+    # bucket names S3 refuses
+    (S3KeySensor, {"bucket_key": "s3://bucket..name/k"}, ("bucket_key", "bucket..name", "adjacent dots")),
+    (S3KeySensor, {"bucket_key": "k", "bucket_name": "192.168.5.4"}, ("bucket_name", "192.168.5.4", "IP")),
+    (S3KeySensor, {"bucket_key": "k", "bucket_name": "Exports"}, ("bucket_name", "Exports", "lowercase")),
     (HttpBatchReadySensor, {"method": "FETCH"}, ("method", "FETCH")),
     (KafkaMessageSensor, {"topics": ""}, ("topics",)),
     (KafkaMessageSensor, {"start_from": "latest-ish"}, ("start_from", "latest-ish")),
     # unparsable datetimes
     (DateTimeSensor, {"target_time": "not a date"}, ("target_time", "not a date")),
+    (DateTimeSensor, {"target_time": "9999-12-31T23:00:00-05:00"}, ("target_time", "9999-12-31T23:00:00-05:00")),
     (KafkaMessageSensor, {"start_after": "yesterday"}, ("start_after", "yesterday")),
     (KafkaMessageSensor, {"start_after": -5}, ("start_after", "-5")),
     # zero / negative intervals and budgets
