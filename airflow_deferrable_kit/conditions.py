@@ -57,34 +57,65 @@ MISSING: Final = object()
 
 # ------------------------------------------------------------------------------ JSON paths
 _NAME = re.compile(r"[^.\[\]]+")
-_BRACKET = re.compile(r"""\[(?:(?P<index>-?\d+)|"(?P<quoted>[^"]*)")\]""")
+_BRACKET = re.compile(r"""\[(?:(?P<index>-?\d+)|"(?P<quoted>[^"]*)"|'(?P<single>[^']*)')\]""")
+#: The path syntax :func:`parse_path` reads, for messages that refuse anything else.
+PATH_SYNTAX: Final = (
+    'names joined by dots, [index] and ["key"] steps, optionally after a leading $ '
+    "(e.g. '$.data.items[0].state' or 'data.items[0].state')"
+)
+#: JSONPath features beyond plain steps, named so a refusal says which one was used.
+_UNSUPPORTED: Final = (
+    (re.compile(r"(?<=\.)\."), "recursive descent '..'"),
+    (re.compile(r"\[\s*\?"), "a filter '[?(...)]'"),
+    (re.compile(r"\[\s*\*\s*\]"), "a wildcard '[*]'"),
+    (re.compile(r"\[[^\]\"']*[:,]"), "a slice or union ('[a:b]', '[a,b]')"),
+)
+#: A whole step that is JSONPath syntax, not a key: write such a key as ["*"] or ["@"].
+_OPERATOR_STEPS: Final = {"*": "a wildcard '*'", "@": "the current node '@'"}
 
 
 def parse_path(path: str, *, argument: str = "path") -> tuple[str | int, ...]:
-    """Split ``a.b[0]["x.y"]`` into ``("a", "b", 0, "x.y")``; a malformed path is a ValueError."""
+    """Split ``a.b[0]["x.y"]`` into ``("a", "b", 0, "x.y")``; a malformed path is a ValueError.
+
+    A leading ``$`` (``$``, ``$.state``, ``$[0]``) is JSONPath's root and adds no step, so
+    paths copied from JSONPath tools work; ``$ref`` is still the key ``"$ref"``. JSONPath's
+    other features (wildcards, recursive descent, filters, slices) select many values, not
+    one, and are refused naming the feature, as is a lone ``*`` or ``@`` step.
+    """
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"{argument} must be a non-empty JSON path such as 'data.items[0].state', got {path!r}")
     parts: list[str | int] = []
-    pos = 0
+    rooted = path.startswith("$") and path[1:2] in ("", ".", "[")
+    pos = 1 if rooted else 0
     while pos < len(path):
         match: re.Match[str] | None
         if path[pos] == "[":
             match = _BRACKET.match(path, pos)
-        elif path[pos] == "." and parts:
+        elif path[pos] == "." and (parts or rooted):
             pos += 1
             match = _NAME.match(path, pos)
         else:
-            match = None if parts else _NAME.match(path, pos)
+            match = None if parts or rooted else _NAME.match(path, pos)
         if match is None:
-            raise ValueError(f"{argument} {path!r} is not a valid JSON path (problem at character {pos + 1})")
+            raise _path_error(path, pos, argument)
         if match.re is _NAME:
+            if match.group(0) in _OPERATOR_STEPS:
+                raise _path_error(path, pos, argument, feature=_OPERATOR_STEPS[match.group(0)])
             parts.append(match.group(0))
         elif match.group("index") is not None:
             parts.append(int(match.group("index")))
         else:
-            parts.append(match.group("quoted"))
+            parts.append(match.group("quoted") if match.group("quoted") is not None else match.group("single"))
         pos = match.end()
     return tuple(parts)
+
+
+def _path_error(path: str, pos: int, argument: str, *, feature: str | None = None) -> ValueError:
+    """Say what is wrong at ``pos``: a JSONPath feature by name, else the character."""
+    if feature is None:
+        feature = next((name for pattern, name in _UNSUPPORTED if pattern.match(path, pos)), None)
+    problem = f"{feature} is not supported" if feature else f"problem at character {pos + 1}"
+    return ValueError(f"{argument} {path!r} is not a valid JSON path ({problem}); use {PATH_SYNTAX}")
 
 
 def lookup(document: Any, path: str | Sequence[str | int]) -> Any:
@@ -161,7 +192,15 @@ class Decision:
         return {**self.acceptor.as_dict(), "actual": None if self.actual is MISSING else self.actual}
 
 
-def _canonical(raw: Mapping[str, Any], *, where: str, matchers: Mapping[str, bool]) -> Acceptor:
+#: A wait's own rule for one acceptor (HTTP: a status is an HTTP status code), run as each
+#: acceptor is built with the label of the entry the user wrote (``"success[0]"``). It returns
+#: the acceptor, normalised if need be (``"404"`` -> ``404``), or raises ValueError naming it.
+Refine = Callable[[Acceptor, str], Acceptor]
+
+
+def _canonical(
+    raw: Mapping[str, Any], *, where: str, matchers: Mapping[str, bool], refine: Refine | None = None
+) -> Acceptor:
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where} must be an object such as {{'path': 'state', 'equals': 'ready'}}, got {raw!r}")
     state = raw.get("state")
@@ -193,16 +232,19 @@ def _canonical(raw: Mapping[str, Any], *, where: str, matchers: Mapping[str, boo
     unknown = set(raw) - {"state", "matcher", "comparator", "argument", "expected"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-    return Acceptor(
+    acceptor = Acceptor(
         state=state, matcher=matcher, comparator=comparator, expected=expected, argument=argument, parts=parts
     )
+    return acceptor if refine is None else refine(acceptor, where)
 
 
-def _from_sugar(raw: Mapping[str, Any], state: str, *, where: str, matchers: Mapping[str, bool]) -> Acceptor:
+def _from_sugar(
+    raw: Mapping[str, Any], state: str, *, where: str, matchers: Mapping[str, bool], refine: Refine | None
+) -> Acceptor:
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where} must be an object such as {{'path': 'state', 'equals': 'ready'}}, got {raw!r}")
     if "matcher" in raw:
-        return _canonical({**raw, "state": raw.get("state", state)}, where=where, matchers=matchers)
+        return _canonical({**raw, "state": raw.get("state", state)}, where=where, matchers=matchers, refine=refine)
     named = [name for name in matchers if name in raw]
     if len(named) != 1:
         raise ValueError(f"{where} must name exactly one of {', '.join(sorted(matchers))}, got keys {sorted(raw)}")
@@ -225,7 +267,7 @@ def _from_sugar(raw: Mapping[str, Any], state: str, *, where: str, matchers: Map
         value = raw[matcher]
         canonical["comparator"] = "in" if isinstance(value, list) else "equals"
         canonical["expected"] = value
-    return _canonical(canonical, where=where, matchers=matchers)
+    return _canonical(canonical, where=where, matchers=matchers, refine=refine)
 
 
 def build_acceptors(
@@ -235,12 +277,14 @@ def build_acceptors(
     success: Iterable[Mapping[str, Any]] | None = None,
     failure: Iterable[Mapping[str, Any]] | None = None,
     retry: Iterable[Mapping[str, Any]] | None = None,
+    refine: Refine | None = None,
 ) -> list[dict[str, Any]]:
     """Validate and normalise acceptors into their canonical JSON form (what triggers carry).
 
-    ``matchers`` maps each matcher the wait supports to whether it takes an argument. Grouped
-    sugar is ordered failure, then retry, then success, after any explicit ``acceptors``.
-    Raises ``ValueError`` naming the offending argument and entry.
+    ``matchers`` maps each matcher the wait supports to whether it takes an argument; ``refine``
+    applies the wait's own rules to each acceptor (see :data:`Refine`). Grouped sugar is ordered
+    failure, then retry, then success, after any explicit ``acceptors``. Raises ``ValueError``
+    naming the offending argument and entry as the user wrote it (``success[0]``).
     """
     result: list[Acceptor] = []
     for name, group in (("acceptors", acceptors), ("failure", failure), ("retry", retry), ("success", success)):
@@ -251,9 +295,9 @@ def build_acceptors(
         for i, raw in enumerate(group):
             where = f"{name}[{i}]"
             if name == "acceptors":
-                result.append(_canonical(raw, where=where, matchers=matchers))
+                result.append(_canonical(raw, where=where, matchers=matchers, refine=refine))
             else:
-                result.append(_from_sugar(raw, name, where=where, matchers=matchers))
+                result.append(_from_sugar(raw, name, where=where, matchers=matchers, refine=refine))
     return [acceptor.as_dict() for acceptor in result]
 
 
@@ -400,13 +444,17 @@ class ConditionSet:
         *,
         matchers: Mapping[str, bool],
         argument: str = "acceptors",
+        refine: Refine | None = None,
     ) -> ConditionSet:
         """Rebuild from trigger kwargs: canonical acceptors and a predicate path (or ``None``)."""
         if isinstance(canonical, (str, bytes, Mapping)) or not isinstance(canonical, list):
             raise ValueError(f"{argument} must be a list of conditions, got {type(canonical).__name__}")
         if predicate is not None:
             validate_predicate_path(predicate)
-        acceptors = [_canonical(item, where=f"{argument}[{i}]", matchers=matchers) for i, item in enumerate(canonical)]
+        acceptors = [
+            _canonical(item, where=f"{argument}[{i}]", matchers=matchers, refine=refine)
+            for i, item in enumerate(canonical)
+        ]
         conditions = cls(acceptors, predicate)
         conditions.refuse_never_succeeding()
         return conditions

@@ -20,6 +20,7 @@ from airflow.sdk.configuration import conf
 from airflow.sdk.definitions._internal.mixins import ResolveMixin
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralTimeout
 
+from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT
 from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after
@@ -65,7 +66,10 @@ class DeferrableSensor(BaseSensorOperator):
     :param max_backoff: cap, in seconds, of the backoff after repeated transient errors.
 
     ``timeout`` is one budget for the whole wait; ``soft_fail`` skips the task on timeout only,
-    never on an error.
+    never on an error. ``timeout``, ``poke_interval`` and ``max_backoff`` are checked when the
+    sensor is built: finite, not a bool, and at most a century (``MAX_SECONDS``), so the absolute
+    deadline can be written as a date; ``poke_interval`` above zero (a zero interval would poll
+    in a hot loop), ``timeout`` from zero as Airflow allows.
     """
 
     trigger_class: ClassVar[type[PollingTrigger]]
@@ -96,7 +100,15 @@ class DeferrableSensor(BaseSensorOperator):
     ) -> None:
         names = self.wait_parameter_names()
         params = {name: kwargs.pop(name) for name in names if name in kwargs}
+        # Before Airflow's own checks: it crashes on inf, reads True as one second, and takes
+        # durations whose deadline cannot be written as a date.
+        for name, allow_zero in (("poke_interval", False), ("timeout", True)):
+            if kwargs.get(name) is not None:
+                require_seconds(kwargs[name], argument=name, allow_zero=allow_zero, allow_timedelta=True)
+        require_seconds(max_backoff, argument="max_backoff")
         super().__init__(**kwargs)
+        if kwargs.get("timeout") is None:
+            require_seconds(self.timeout, argument="timeout (from [sensors] default_timeout)", allow_zero=True)
         missing = sorted(name for name in self._required_parameters() if name not in params)
         if missing:
             raise TypeError(
@@ -113,8 +125,6 @@ class DeferrableSensor(BaseSensorOperator):
         self.check_before_defer = check_before_defer
         self.end_from_trigger = end_from_trigger
         self.max_backoff = max_backoff
-        if not self.poke_interval > 0:
-            raise ValueError(f"poke_interval must be a positive number of seconds, got {self.poke_interval!r}")
         trigger_class = self.trigger_class
         if trigger_class.extra is not None:
             require_extra(trigger_class.extra, *trigger_class.extra_modules, needed_by=type(self).__name__)

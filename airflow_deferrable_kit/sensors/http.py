@@ -5,15 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_deferrable_kit.conditions import ConditionSet
-from airflow_deferrable_kit.sensors.base import DeferrableSensor
+from airflow_deferrable_kit.conditions import Acceptor, ConditionSet
+from airflow_deferrable_kit.sensors.base import DeferrableSensor, is_unresolved
 from airflow_deferrable_kit.triggers.http import (
     DEFAULT_EXCERPT_CHARS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REQUEST_TIMEOUT,
     MATCHERS,
     HttpBatchReadyTrigger,
+    refine_status,
 )
+
+
+def _refine_unless_templated(acceptor: Acceptor, where: str) -> Acceptor:
+    """HTTP's status rule now; a status still templated is checked by the trigger once rendered."""
+    return acceptor if is_unresolved(acceptor.expected) else refine_status(acceptor, where)
 
 
 class HttpBatchReadySensor(DeferrableSensor):
@@ -61,9 +67,15 @@ class HttpBatchReadySensor(DeferrableSensor):
         excerpt_chars: int = DEFAULT_EXCERPT_CHARS,
         **kwargs: Any,
     ) -> None:
-        # One canonical list on the trigger, whatever mix of sugar and canonical form was given.
+        # One canonical list on the trigger, whatever mix of sugar and canonical form was given,
+        # checked by HTTP's rules under the names the user wrote.
         canonical = ConditionSet.canonicalise(
-            matchers=MATCHERS, acceptors=acceptors, success=success, failure=failure, retry=retry
+            matchers=MATCHERS,
+            acceptors=acceptors,
+            success=success,
+            failure=failure,
+            retry=retry,
+            refine=_refine_unless_templated,
         )
         optional: dict[str, Any] = {}
         if not_yet_codes is not None:

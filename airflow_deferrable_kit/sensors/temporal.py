@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 from airflow_deferrable_kit.sensors.base import DeferrableSensor
+from airflow_deferrable_kit.triggers.base import in_utc
 from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
 
 
@@ -13,7 +14,8 @@ def to_utc_iso(value: str | dt.datetime, *, argument: str = "target_time") -> st
     """Normalise a moment to an ISO 8601 UTC string.
 
     Aware values keep their instant. Naive datetimes and strings without an offset are read in
-    Airflow's default timezone (``[core] default_timezone``), like every other Airflow date.
+    Airflow's default timezone (``[core] default_timezone``), like every other Airflow date. A
+    moment UTC cannot hold (``9999-12-31T23:00:00-05:00``) is a ValueError naming the argument.
     """
     from airflow.sdk import timezone
 
@@ -28,7 +30,7 @@ def to_utc_iso(value: str | dt.datetime, *, argument: str = "target_time") -> st
             raise ValueError(f"{argument} must be a date and time, got {value!r}")
     else:
         raise TypeError(f"{argument} must be a datetime or an ISO 8601 string, got {type(value).__name__}")
-    return moment.astimezone(dt.timezone.utc).isoformat()
+    return in_utc(moment, argument=argument, given=value).isoformat()
 
 
 class DateTimeSensor(DeferrableSensor):

@@ -32,6 +32,7 @@ from airflow.triggers.base import (
 from pydantic import JsonValue
 from typing_extensions import dataclass_transform
 
+from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import redact
@@ -178,7 +179,22 @@ def parse_deadline(value: str, *, argument: str = "deadline") -> float:
         raise ValueError(f"{argument} must be an ISO 8601 datetime string, got {value!r}") from exc
     if moment.tzinfo is None:
         raise ValueError(f"{argument} must carry a UTC offset (e.g. '+00:00'), got naive {value!r}")
+    in_utc(moment, argument=argument, given=value)
     return moment.timestamp()
+
+
+def in_utc(moment: dt.datetime, *, argument: str, given: Any) -> dt.datetime:
+    """``moment`` (aware) in UTC; a moment UTC cannot hold is a ValueError naming the argument.
+
+    Datetimes end at 9999-12-31, so ``9999-12-31T23:00:00-05:00`` (early in year 10000, UTC)
+    has no UTC form, nor has ``0001-01-01T01:00:00+05:00``; converting one overflows.
+    """
+    try:
+        return moment.astimezone(dt.timezone.utc)
+    except OverflowError as exc:
+        raise ValueError(
+            f"{argument} must be a moment between 0001-01-01 and 9999-12-31 in UTC, got {given!r}"
+        ) from exc
 
 
 @dataclass_transform(kw_only_default=True)
@@ -238,9 +254,7 @@ class PollingTrigger(BaseTrigger):
 
     def _validate_common(self) -> None:
         for name in ("poll_interval", "max_backoff"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+            require_seconds(getattr(self, name), argument=name)
         if self.deadline is not None:
             self._deadline_ts = parse_deadline(self.deadline)
 
@@ -501,5 +515,6 @@ __all__ = [
     "PollingTrigger",
     "TransientError",
     "deadline_after",
+    "in_utc",
     "parse_deadline",
 ]

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
+from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._http_client import (
     NOT_JSON,
     SESSION_KEY,
@@ -109,8 +110,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
 
     # -------------------------------------------------------------------- validation
     def validate(self) -> None:
-        if not isinstance(self.http_conn_id, str) or not self.http_conn_id:
-            raise ValueError(f"http_conn_id must be a non-empty string, got {self.http_conn_id!r}")
+        require_conn_id(self.http_conn_id, argument="http_conn_id")
         if not isinstance(self.endpoint, str):
             raise ValueError(f"endpoint must be a string, got {type(self.endpoint).__name__}")
         if "://" in self.endpoint:
@@ -121,26 +121,16 @@ class HttpBatchReadyTrigger(PollingTrigger):
         if not isinstance(self.method, str) or self.method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         self._validate_query()
-        self._conditions = ConditionSet.load(self.acceptors, self.predicate, matchers=MATCHERS)
+        self._conditions = ConditionSet.load(self.acceptors, self.predicate, matchers=MATCHERS, refine=refine_status)
         self._acceptors: tuple[Acceptor, ...] = self._conditions.acceptors
         #: Off a 2xx only the status can be judged: the body is an error page or empty.
         self._status_conditions = ConditionSet([a for a in self._acceptors if a.matcher == "status"])
-        for i, acceptor in enumerate(self._acceptors):
-            if acceptor.matcher == "status" and acceptor.comparator != "exists":
-                values = acceptor.expected if acceptor.comparator == "in" else [acceptor.expected]
-                if not all(_is_status(v) for v in values):
-                    raise ValueError(
-                        f"acceptors[{i}]: a status acceptor expects HTTP status integers (100-599), "
-                        f"got {acceptor.expected!r}"
-                    )
-        codes = self._require_list("not_yet_codes")
-        if not all(_is_status(code) for code in codes):
-            raise ValueError(f"not_yet_codes must be a list of HTTP status integers (100-599), got {codes!r}")
+        codes = [as_status(code) for code in self._require_list("not_yet_codes")]
+        if None in codes:
+            raise ValueError(f"not_yet_codes must be a list of {STATUS_CODES}, got {self.not_yet_codes!r}")
+        self.not_yet_codes = [code for code in codes if code is not None]
         self._select_paths = {path: parse_path(path, argument="select") for path in self._require_list("select")}
-        for name in ("request_timeout",):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        require_seconds(self.request_timeout, argument="request_timeout")
         if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be a positive integer, got {self.max_body_bytes!r}")
         chars = self.excerpt_chars
@@ -363,12 +353,43 @@ def status_error_type(status: int) -> ErrorType:
     return ErrorType.BAD_REQUEST
 
 
-def _is_status(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599
+#: What a status code may be given as, for messages.
+STATUS_CODES: Final = "HTTP status integers (100-599) or their digits as strings ('404')"
+
+
+def as_status(value: Any) -> int | None:
+    """An HTTP status code as an int, from an int or a string of its digits; ``None`` if not one.
+
+    Strings are accepted because Airflow's own ``HttpSensor`` takes its
+    ``response_error_codes_allowlist`` as strings (``["404"]``), and templates render to text.
+    """
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+        return value
+    return None
+
+
+def refine_status(acceptor: Acceptor, where: str) -> Acceptor:
+    """HTTP's rule for an acceptor: a ``status`` one expects status codes, normalised to ints.
+
+    Run when the acceptor is built (see :data:`airflow_deferrable_kit.conditions.Refine`), so a
+    bad code is named by the entry the user wrote, ``success[0]``, at DAG parse.
+    """
+    if acceptor.matcher != "status" or acceptor.comparator == "exists":
+        return acceptor
+    values = acceptor.expected if acceptor.comparator == "in" else [acceptor.expected]
+    codes = [as_status(value) for value in values]
+    if None in codes:
+        raise ValueError(f"{where}: a status acceptor expects {STATUS_CODES}, got {acceptor.expected!r}")
+    expected = codes if acceptor.comparator == "in" else codes[0]
+    return dataclasses.replace(acceptor, expected=expected)
 
 
 __all__ = [
     "MATCHERS",
     "HttpBatchReadyTrigger",
+    "as_status",
     "parse_retry_after",
+    "refine_status",
 ]

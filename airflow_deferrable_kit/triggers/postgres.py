@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
+from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._postgres_client import CLOSE_GRACE, classify_postgres_error, close_pool, open_pool
 from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
 from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
@@ -215,7 +216,7 @@ def value_in_row(row: dict[str, Any], acceptor: Acceptor) -> Any:
     """What an acceptor looks at: a column by name, or a JSON path into the row."""
     if acceptor.matcher == "column":
         return row.get(acceptor.argument or "", MISSING)
-    return lookup(row, acceptor.argument or "")
+    return lookup(row, acceptor.parts)
 
 
 # ------------------------------------------------------------------------------ trigger
@@ -263,13 +264,10 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
 
     # -------------------------------------------------------------------- validation
     def validate(self) -> None:
-        if not isinstance(self.postgres_conn_id, str) or not self.postgres_conn_id:
-            raise ValueError(f"postgres_conn_id must be a non-empty string, got {self.postgres_conn_id!r}")
+        require_conn_id(self.postgres_conn_id, argument="postgres_conn_id")
         if (self.table is None) == (self.sql is None):
             raise ValueError("give exactly one of table=... (declarative) or sql=... (custom query)")
-        timeout = self.statement_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"statement_timeout must be a positive number of seconds, got {timeout!r}")
+        require_seconds(self.statement_timeout, argument="statement_timeout")
         validate_identifiers(
             table=self.table,
             match=self.match,
@@ -280,13 +278,8 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         for name in ("acceptors", "success", "failure", "retry"):
             if not isinstance(getattr(self, name), list):
                 raise ValueError(f"{name} must be a list of conditions, got {getattr(self, name)!r}")
-        success, failure = list(self.success), list(self.failure)
         if self.table is not None:
             self._validate_declarative()
-            if self.status_column is not None:
-                if self.failed_values:
-                    failure.insert(0, {"column": self.status_column, "in": self.failed_values})
-                success.insert(0, {"column": self.status_column, "in": self.ready_values})
             self._sql, self._args, self._labels = compile_marker_query(
                 table=self.table,
                 match=self.match,
@@ -297,11 +290,26 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             )
         else:
             self._validate_custom()
-        canonical = ConditionSet.canonicalise(
-            matchers=MATCHERS, acceptors=self.acceptors, success=success, failure=failure, retry=self.retry
-        )
-        self._conditions = ConditionSet.load(canonical, self.predicate, matchers=MATCHERS)
+        self._conditions = ConditionSet.load(self._canonical_conditions(), self.predicate, matchers=MATCHERS)
         self._bound: list[Any] | None = None
+
+    def _canonical_conditions(self) -> list[dict[str, Any]]:
+        """Every acceptor in order: the user's groups, with the status column's rules first in theirs.
+
+        Each group is checked on its own, so an error names the entry the user wrote
+        (``success[0]``), not its place after the rules derived from ``status_column``.
+        """
+        derived: dict[str, list[dict[str, Any]]] = {"failure": [], "success": []}
+        if self.table is not None and self.status_column is not None:
+            column = {"matcher": "column", "argument": self.status_column, "comparator": "in"}
+            if self.failed_values:
+                derived["failure"].append({**column, "state": "failure", "expected": self.failed_values})
+            derived["success"].append({**column, "state": "success", "expected": self.ready_values})
+        canonical: list[dict[str, Any]] = []
+        for name in ("acceptors", "failure", "retry", "success"):
+            group = ConditionSet.canonicalise(matchers=MATCHERS, **{name: getattr(self, name)})
+            canonical += derived.get(name, []) + group
+        return canonical
 
     def _validate_declarative(self) -> None:
         if self.parameters:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import ipaddress
 import json
 import re
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
+from airflow_deferrable_kit._arguments import require_conn_id
 from airflow_deferrable_kit._s3_client import (
     S3Settings,
     classify_s3_error,
@@ -36,17 +38,43 @@ KEYS_BYTE_BUDGET: Final = MAX_PAYLOAD_BYTES - 4096
 _WILDCARD = re.compile(r"[*?\[]")
 #: Characters that may be part of a wildcard; whatever follows the last of them is literal.
 _WILDCARD_PART = re.compile(r"[*?\[\]]")
-# Today's rules are 3-63 lowercase letters, digits, dots and hyphens; legacy us-east-1 buckets may
-# also hold capitals and underscores and reach 255 characters, so those are let through.
-_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
+#: S3's naming rules for buckets, each with what it says when a name breaks it. Names ending in
+#: "-s3alias", "--ol-s3" (access point aliases), "--x-s3" (directory buckets) or "--table-s3" are
+#: let through: S3 answers object requests for them wherever a bucket name goes.
+_BUCKET_RULES: Final[tuple[tuple[Callable[[str], bool], str], ...]] = (
+    (lambda name: 3 <= len(name) <= 63, "3 to 63 characters"),
+    (lambda name: re.fullmatch(r"[a-z0-9.-]+", name) is not None, "only lowercase letters, digits, dots and hyphens"),
+    (lambda name: name[:1].isalnum() and name[-1:].isalnum(), "starting and ending with a letter or digit"),
+    (lambda name: ".." not in name, "no two adjacent dots"),
+    (lambda name: not _looks_like_ip(name), "not formatted as an IP address"),
+    (
+        lambda name: not name.startswith(("xn--", "sthree-", "amzn-s3-demo-")),
+        "not starting with xn--, sthree- or amzn-s3-demo-",
+    ),
+    (lambda name: not name.endswith(".mrap"), "not ending with .mrap"),
+)
+
+
+def _looks_like_ip(name: str) -> bool:
+    try:
+        ipaddress.IPv4Address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def check_bucket_name(bucket: str, *, argument: str) -> None:
-    """Refuse a bucket name S3 can never accept, naming the argument it came from."""
-    if not _BUCKET.fullmatch(bucket):
+    """Refuse a bucket name S3 can never accept, naming the argument it came from and the rule.
+
+    These are S3's rules for every bucket created since March 2018. A bucket created in
+    us-east-1 before then under the legacy rules (capitals, underscores, up to 255 characters)
+    is refused too: such names are not DNS-compatible and only path-style requests reach them.
+    """
+    broken = [rule for check, rule in _BUCKET_RULES if not check(bucket)]
+    if broken:
         raise ValueError(
-            f"{argument}: {bucket!r} is not a valid S3 bucket name (3-63 characters: lowercase letters, "
-            "digits, dots and hyphens, starting and ending with a letter or digit)"
+            f"{argument} must name a valid S3 bucket ({'; '.join(broken)}), got {bucket!r} "
+            "(see https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)"
         )
 
 
@@ -187,8 +215,7 @@ class S3KeyTrigger(PollingTrigger):
             isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 0
         ):
             raise ValueError(f"min_size must be a non-negative integer number of bytes or None, got {self.min_size!r}")
-        if self.aws_conn_id is not None and (not isinstance(self.aws_conn_id, str) or not self.aws_conn_id.strip()):
-            raise ValueError(f"aws_conn_id must be a non-empty string or None, got {self.aws_conn_id!r}")
+        require_conn_id(self.aws_conn_id, argument="aws_conn_id", optional=True)
 
     def describe(self) -> str:
         bucket, key = self._targets[0]

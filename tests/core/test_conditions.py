@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from airflow_deferrable_kit.conditions import (
     MISSING,
+    Acceptor,
     ConditionSet,
     build_acceptors,
     call_predicate,
@@ -110,11 +112,75 @@ def test_paths_reach_into_nested_documents() -> None:
 
 @given(
     st.lists(st.text(alphabet=st.characters(blacklist_characters='.[]"'), min_size=1, max_size=6), min_size=1).filter(
-        lambda keys: ".".join(keys).strip()  # an all-blank path is refused on purpose
+        # Refused on purpose: an all-blank path; JSONPath's own steps, a lone * or @ (such keys
+        # are written ["*"]); and a first key "$", which is JSONPath's root (written ["$"]).
+        lambda keys: ".".join(keys).strip() and not {"*", "@"} & set(keys) and keys[0] != "$"
     )
 )
 def test_dotted_paths_parse_back_into_their_keys(keys: list[str]) -> None:
     assert parse_path(".".join(keys)) == tuple(keys)
+
+
+@pytest.mark.parametrize(
+    ("path", "parts"),
+    [
+        ("$", ()),
+        ("$.state", ("state",)),
+        ("$[0]", (0,)),
+        ("$.data.items[-1].state", ("data", "items", -1, "state")),
+        ('$["x.y"]', ("x.y",)),
+        ("$['x.y'].z", ("x.y", "z")),
+        ("$ref", ("$ref",)),  # a key that merely starts with $ (JSON Schema's "$ref")
+        ("@type", ("@type",)),  # JSON-LD's keys stay keys; only a lone @ step is JSONPath syntax
+        ('items["*"]', ("items", "*")),
+    ],
+)
+def test_a_jsonpath_root_adds_no_step_so_copied_jsonpaths_work(path: str, parts: tuple) -> None:
+    assert parse_path(path) == parts
+    document = {"state": "ready", "data": {"items": [{"state": "a"}, {"state": "b"}]}, "x.y": {"z": 1}}
+    assert lookup(document, "$.state") == lookup(document, "state") == "ready"
+    assert lookup(document, "$") == document
+
+
+@pytest.mark.parametrize(
+    ("path", "feature"),
+    [
+        ("items[*].state", "a wildcard '[*]'"),
+        ("items.*", "a wildcard '*'"),
+        ("$..state", "recursive descent '..'"),
+        ("a..b", "recursive descent '..'"),
+        ("items[?(@.state == 'ready')]", "a filter '[?(...)]'"),
+        ("@.state", "the current node '@'"),
+        ("items[0:2]", "a slice or union"),
+        ("items[0,1]", "a slice or union"),
+        ("$.", "problem at character 3"),
+    ],
+)
+def test_jsonpath_syntax_the_parser_does_not_read_is_refused_saying_what_is_supported(path: str, feature: str) -> None:
+    """Accepting such a path and never matching it ran the wait to its timeout."""
+    with pytest.raises(ValueError) as caught:
+        build_acceptors(matchers=HTTP, success=[{"path": "state", "equals": "ready"}, {"path": path, "equals": 1}])
+    message = str(caught.value)
+    assert message.startswith(f"success[1]: argument {path!r} is not a valid JSON path ({feature}"), message
+    assert 'use names joined by dots, [index] and ["key"] steps, optionally after a leading $' in message
+
+
+def test_a_waits_own_rule_runs_as_each_acceptor_is_built_under_the_users_label() -> None:
+    def digits_to_int(acceptor: Acceptor, where: str) -> Acceptor:
+        if isinstance(acceptor.expected, str) and not acceptor.expected.isdigit():
+            raise ValueError(f"{where}: expected digits, got {acceptor.expected!r}")
+        return dataclasses.replace(acceptor, expected=int(acceptor.expected))
+
+    canonical = build_acceptors(matchers=HTTP, success=[{"status": "204"}], refine=digits_to_int)
+    assert canonical == [{"state": "success", "matcher": "status", "comparator": "equals", "expected": 204}]
+    with pytest.raises(ValueError, match=r"^failure\[1\]: expected digits, got 'x'$"):
+        build_acceptors(
+            matchers=HTTP, success=[{"status": 200}], failure=[{"status": 410}, {"status": "x"}], refine=digits_to_int
+        )
+    with pytest.raises(ValueError, match=r"^acceptors\[0\]: expected digits"):
+        ConditionSet.load(
+            [{"state": "success", "matcher": "status", "expected": "x"}], None, matchers=HTTP, refine=digits_to_int
+        )
 
 
 def sync_ready(subject: dict) -> bool:

@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import (
     TaskDeferred,
 )
 
+from airflow_deferrable_kit._arguments import MAX_SECONDS
 from airflow_deferrable_kit.extras import MissingExtraError
 from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE, WaitFailedError
 from airflow_deferrable_kit.testing import assert_defers, make_context
@@ -48,6 +49,45 @@ def test_bad_argument_fails_at_dag_parse_naming_it() -> None:
         ScriptedSensor(task_id="w", script="")
     with pytest.raises(ValueError, match="poke_interval must be a positive number"):
         ScriptedSensor(task_id="w", script="s", poke_interval=0)
+
+
+@pytest.mark.parametrize("argument", ["timeout", "poke_interval", "max_backoff"])
+@pytest.mark.parametrize(
+    "value",
+    [1e12, float("inf"), float("nan"), -1, True, "60", dt.timedelta(days=365 * 200)],
+    ids=["1e12", "inf", "nan", "negative", "bool", "string", "two-centuries"],
+)
+def test_durations_are_checked_at_dag_parse_against_what_a_deadline_can_hold(argument: str, value: object) -> None:
+    """1e12 seconds is accepted by Airflow's BaseSensorOperator, but its deadline (year 33,700)
+    cannot be written as a date, so it used to fail only when the task ran; inf crashed Airflow's
+    own check with a bare OverflowError, and True was read as one second."""
+    with pytest.raises(ValueError) as caught:
+        sensor("durations", "none", **{argument: value})
+    message = str(caught.value)
+    assert message.startswith(f"{argument} must be a "), message
+    assert message.endswith(f"got {value!r}"), message
+
+
+def test_durations_up_to_a_century_defer_with_a_deadline_airflow_can_store() -> None:
+    s = sensor("longest", "none", deferrable=True, timeout=MAX_SECONDS, poke_interval=MAX_SECONDS)
+    trigger = assert_defers(s, ScriptedTrigger)
+    assert trigger.deadline is not None
+    assert parse_deadline(trigger.deadline) > dt.datetime.now(dt.timezone.utc).timestamp() + MAX_SECONDS - 60
+    assert sensor("max-backoff", "none", max_backoff=MAX_SECONDS).max_backoff == MAX_SECONDS
+
+
+def test_durations_may_be_timedeltas_and_a_timeout_may_be_zero_as_in_airflow() -> None:
+    s = sensor("timedeltas", "none", timeout=dt.timedelta(hours=2), poke_interval=dt.timedelta(seconds=5))
+    assert (s.timeout, s.poke_interval) == (7200, 5)
+    assert sensor("zero-timeout", "none", timeout=0).timeout == 0
+    with pytest.raises(ValueError, match="poke_interval must be a positive number of seconds"):
+        sensor("zero-interval", "none", poke_interval=dt.timedelta(0))
+
+
+def test_a_default_timeout_from_the_config_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__SENSORS__DEFAULT_TIMEOUT", "1e12")
+    with pytest.raises(ValueError, match=r"^timeout \(from \[sensors\] default_timeout\) must be a number"):
+        sensor("conf-timeout", "none")
 
 
 def test_templated_arguments_are_validated_after_rendering() -> None:

@@ -151,3 +151,43 @@ def test_poke_mode_times_out_softly_when_the_target_is_beyond_the_timeout() -> N
     )
     with pytest.raises(AirflowSkipException):
         sensor.execute(make_context(sensor))
+
+
+# ----------------------------------------------------------- moments UTC cannot hold
+MINUS_FIVE = dt.timezone(dt.timedelta(hours=-5))
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "9999-12-31T23:00:00-05:00",  # 04:00 on 10000-01-01 in UTC: past the last datetime
+        "0001-01-01T01:00:00+05:00",  # 20:00 on 0000-12-31 in UTC: before the first one
+        dt.datetime(9999, 12, 31, 23, tzinfo=MINUS_FIVE),
+    ],
+    ids=["end-of-9999-minus-5h", "start-of-0001-plus-5h", "aware-datetime"],
+)
+def test_a_target_time_utc_cannot_hold_is_refused_at_dag_parse_naming_it(moment: str | dt.datetime) -> None:
+    with pytest.raises(ValueError, match="target_time must be a moment between 0001-01-01 and 9999-12-31 in UTC"):
+        DateTimeSensor(task_id="w", target_time=moment)
+
+
+def test_a_naive_target_utc_cannot_hold_in_the_default_timezone_is_refused() -> None:
+    try:
+        timezone.initialize("America/New_York")
+        with pytest.raises(ValueError, match=r"target_time must be a moment .*'9999-12-31T23:00:00'"):
+            DateTimeSensor(task_id="w", target_time="9999-12-31T23:00:00")
+    finally:
+        timezone.initialize("UTC")
+
+
+@pytest.mark.parametrize("moment", ["9999-12-31T23:00:00-05:00", "0001-01-01T01:00:00+05:00"])
+def test_the_trigger_refuses_a_target_time_or_deadline_utc_cannot_hold(moment: str) -> None:
+    with pytest.raises(ValueError, match="target_time must be a moment between"):
+        DateTimeTrigger(target_time=moment)
+    with pytest.raises(ValueError, match="deadline must be a moment between"):
+        DateTimeTrigger(target_time="2030-01-01T00:00:00+00:00", deadline=moment)
+
+
+def test_the_last_moment_utc_can_hold_is_accepted() -> None:
+    sensor = DateTimeSensor(task_id="w", target_time="9999-12-31T18:59:59-05:00")
+    assert sensor.build_trigger(deadline=None).target_time == "9999-12-31T23:59:59+00:00"

@@ -72,6 +72,11 @@ def test_kwargs_hold_only_json_primitives_and_reject_others() -> None:
         ({"max_backoff": "10"}, "max_backoff must be a positive number"),
         ({"deadline": "tomorrow"}, "deadline must be an ISO 8601"),
         ({"deadline": "2030-01-01T00:00:00"}, "deadline must carry a UTC offset"),
+        ({"deadline": "9999-12-31T23:00:00-05:00"}, "deadline must be a moment between 0001-01-01 and 9999-12-31"),
+        ({"poll_interval": 1e12}, r"poll_interval must be a positive number of seconds, at most 3,153,600,000"),
+        ({"poll_interval": float("inf")}, "poll_interval must be a positive number"),
+        ({"max_backoff": float("nan")}, "max_backoff must be a positive number"),
+        ({"max_backoff": True}, "max_backoff must be a positive number"),
         ({"script": ""}, "script must be a non-empty name"),
     ],
 )

@@ -63,7 +63,7 @@ def test_defaults() -> None:
         ({"query": ["a"]}, "query must be a dict"),
         ({"query": {"a": {"b": 1}}}, r"query\['a'\] must be a string"),
         ({"acceptors": [{"state": "success", "matcher": "header"}]}, r"acceptors\[0\]: matcher must be one of"),
-        ({"acceptors": [{"state": "success", "matcher": "status", "expected": "200"}]}, "HTTP status integers"),
+        ({"acceptors": [{"state": "success", "matcher": "status", "expected": "2xx"}]}, "HTTP status integers"),
         ({"acceptors": [{"state": "success", "matcher": "path", "argument": "a..b", "expected": 1}]}, "valid JSON"),
         ({"acceptors": {"state": "success"}}, "acceptors must be a list"),
         (
@@ -71,7 +71,7 @@ def test_defaults() -> None:
             "add a success condition",
         ),
         ({"predicate": "not a path"}, "predicate must be a dotted path"),
-        ({"not_yet_codes": [404, "409"]}, "not_yet_codes must be a list of HTTP status integers"),
+        ({"not_yet_codes": [404, "4o9"]}, "not_yet_codes must be a list of HTTP status integers"),
         ({"not_yet_codes": 404}, "not_yet_codes must be a list"),
         ({"select": ["ok", ""]}, "select must be a non-empty JSON path"),
         ({"request_timeout": 0}, "request_timeout must be a positive number"),

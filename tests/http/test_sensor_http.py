@@ -65,7 +65,7 @@ def test_friendly_conditions_become_one_canonical_acceptors_list() -> None:
     [
         ({"success": [{"path": "state"}]}, ValueError, r"success\[0\] needs one of"),
         ({"failure": {"path": "state", "equals": "x"}}, ValueError, "failure must be a list"),
-        ({"success": [{"status": "200"}]}, ValueError, "HTTP status integers"),
+        ({"success": [{"status": "ok"}]}, ValueError, r"success\[0\]: a status acceptor expects HTTP status integers"),
         ({"endpoint": "http://other/x"}, ValueError, "endpoint must be a path relative"),
         ({"method": "TRACE"}, ValueError, "method must be one of"),
         ({"failure": [{"status": 410}]}, ValueError, "add a success condition"),

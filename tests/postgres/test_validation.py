@@ -13,6 +13,7 @@ from airflow_deferrable_kit.triggers.postgres import (
     PostgresBatchMarkerTrigger,
     cap_row,
     compile_marker_query,
+    value_in_row,
 )
 
 DECLARATIVE: dict[str, Any] = {
@@ -189,3 +190,46 @@ def test_missing_asyncpg_is_a_clear_error_at_construction(monkeypatch: pytest.Mo
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "asyncpg" else real(name, *a))
     with pytest.raises(MissingExtraError, match=r"airflow-deferrable-kit\[postgres\]"):
         PostgresBatchMarkerSensor(task_id="t", table="m")
+
+
+@pytest.mark.parametrize(
+    ("conditions", "named"),
+    [
+        ({"success": [{"column": "rows"}]}, "success[0] needs one of equals, in, exists"),
+        ({"failure": [{"column": "error", "equals": 1, "bogus": 2}]}, "failure[0]: unexpected keys ['bogus']"),
+        ({"success": [{"column": "rows", "equals": 1}, {"path": "$..ok", "equals": 1}]}, "success[1]: argument"),
+    ],
+)
+def test_a_bad_condition_next_to_status_column_is_named_by_the_users_own_entry(
+    conditions: dict[str, Any], named: str
+) -> None:
+    """The rules derived from status_column used to be put at index 0 of success / failure first,
+    so the user's ``success[0]`` was reported as ``success[1]``."""
+    for build in (PostgresBatchMarkerTrigger, lambda **kw: PostgresBatchMarkerSensor(task_id="t", **kw)):
+        with pytest.raises(ValueError) as caught:
+            build(**DECLARATIVE, **conditions)
+        assert str(caught.value).startswith(named), str(caught.value)
+
+
+def test_status_column_rules_still_come_first_in_their_groups() -> None:
+    trigger = PostgresBatchMarkerTrigger(
+        **DECLARATIVE,
+        success=[{"path": "meta.ok", "equals": True}],
+        failure=[{"column": "error", "exists": True}],
+        retry=[{"column": "rows", "equals": 0}],
+    )
+    order = [(a.state, a.matcher, a.argument) for a in trigger._conditions.acceptors]
+    assert order == [
+        ("failure", "column", "status"),
+        ("failure", "column", "error"),
+        ("retry", "column", "rows"),
+        ("success", "column", "status"),
+        ("success", "path", "meta.ok"),
+    ]
+
+
+def test_a_jsonpath_rooted_path_reaches_into_the_row() -> None:
+    """``$.meta.state`` used to be read as the column "$" and never matched."""
+    trigger = PostgresBatchMarkerTrigger(sql="SELECT * FROM m", success=[{"path": "$.meta.state", "equals": "done"}])
+    (acceptor,) = trigger._conditions.acceptors
+    assert value_in_row({"meta": {"state": "done"}}, acceptor) == "done"
