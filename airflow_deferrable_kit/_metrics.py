@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import importlib
 import logging
 import os
 import re
@@ -35,13 +36,27 @@ from typing import Any, Final
 
 from airflow_deferrable_kit.errors import ErrorType
 
-try:  # Airflow 3.3+: the metrics layer Airflow offers third-party code
-    from airflow.sdk.observability.stats import Stats
-except ImportError:  # pragma: no cover - older 3.x
-    try:
-        from airflow.observability.stats import Stats  # type: ignore[assignment]
-    except ImportError:
-        from airflow.stats import Stats
+
+def _stats_layers() -> tuple[Any, ...]:
+    """Airflow's ``Stats`` objects, the Task SDK's first: the one each process initialised is used.
+
+    Airflow has two copies of its metrics layer, the Task SDK's (set up in workers, and wherever
+    ``airflow.sdk.serde`` is imported) and the core's (set up by the triggerer before it forks
+    its TriggerRunner). Both read ``[metrics]``; which of them a process set up varies by
+    version, so the first with a backend wins. Imported here, at import time, not in the loop.
+    """
+    layers = []
+    for module in ("airflow.sdk.observability.stats", "airflow.observability.stats"):
+        try:
+            layers.append(importlib.import_module(module).Stats)
+        except ImportError:  # pragma: no cover - a worker without airflow-core, an older 3.x
+            continue
+    if not layers:  # pragma: no cover - the deprecated path, only where the others are missing
+        layers.append(importlib.import_module("airflow.stats").Stats)
+    return tuple(layers)
+
+
+_LAYERS: Final = _stats_layers()
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +99,7 @@ class _Sender:
         self._state = _COLD
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stats: Any = None
         self._pending: deque[tuple[str, str, Any, dict[str, str]]] = deque(maxlen=PENDING_LIMIT)
 
     def send(self, method: str, stat: str, value: Any, tags: dict[str, str]) -> None:
@@ -100,15 +116,14 @@ class _Sender:
                     return
             if self._state == _OFF:
                 return
-        _emit(method, stat, value, tags)
+        _emit(self._stats, method, stat, value, tags)
 
     def _warm_up(self) -> None:
         try:
-            Stats.timer(_WARM_UP_STAT)
-            enabled = not _backend_is_noop()
+            self._stats = _configured_layer()
         except Exception:  # a broken metrics setup must never break a wait
             log.exception("Airflow's metrics backend could not be built; the kit's metrics are off")
-            enabled = False
+        enabled = self._stats is not None
         while True:
             with self._lock:
                 batch = list(self._pending)
@@ -117,7 +132,7 @@ class _Sender:
                     self._state = _ON if enabled else _OFF
                     return
             for report in batch:  # sent outside the lock, in order, before the loop sends directly
-                _emit(*report)
+                _emit(self._stats, *report)
 
     def wait_ready(self, timeout: float) -> None:
         """Block until the backend is built and what was kept is sent (off the loop only)."""
@@ -125,22 +140,31 @@ class _Sender:
             self._thread.join(timeout)
 
 
-def _emit(method: str, stat: str, value: Any, tags: dict[str, str]) -> None:
+def _emit(stats: Any, method: str, stat: str, value: Any, tags: dict[str, str]) -> None:
     try:
-        getattr(Stats, method)(stat, value, tags=tags)
+        getattr(stats, method)(stat, value, tags=tags)
     except Exception:  # a metric is never worth a failed wait
         log.debug("Could not send metric %s", stat, exc_info=True)
 
 
-def _backend_is_noop() -> bool:
-    """Whether Airflow has no metrics backend configured (its ``NoStatsLogger``).
+def _configured_layer() -> Any:
+    """Build each layer's backend (a timer never started sends nothing); the first real one, or None."""
+    for stats in _LAYERS:
+        stats.timer(_WARM_UP_STAT)
+        if not _backend_is_noop(stats):
+            return stats
+    return None
+
+
+def _backend_is_noop(stats: Any) -> bool:
+    """Whether this ``Stats`` has no metrics backend (Airflow's ``NoStatsLogger``).
 
     Private API, fenced here: Airflow 3.3 keeps the backend in its stats module, 3.2 on the
     ``Stats`` class. Unknown layouts count as configured, so metrics are sent, never lost.
     """
-    backend = getattr(Stats, "instance", None)  # 3.2: the metaclass keeps it on the class
+    backend = getattr(stats, "instance", None)  # 3.2: the metaclass keeps it on the class
     if backend is None:
-        module = sys.modules.get(getattr(getattr(Stats, "incr", None), "__module__", "") or "")
+        module = sys.modules.get(getattr(getattr(stats, "incr", None), "__module__", "") or "")
         get_backend = getattr(module, "_get_backend", None)
         if get_backend is None:
             return False

@@ -1,6 +1,6 @@
 """Run a few real waits to their events in this fresh process and print what they ended with.
 
-Usage: ``python -m tests.core.metrics_run [--slow-resolver]``, with Airflow's ``[metrics]``
+Usage: ``python -m tests.core.metrics_run [--slow-resolver] [--core-only]``, with Airflow's ``[metrics]``
 options in the environment. Airflow reads them when it is imported, which is why the metrics
 tests run this in a subprocess instead of changing the configuration of their own process. The
 waits run in a forked child, as a triggerer's TriggerRunner does.
@@ -10,6 +10,8 @@ deadline already passed), a sample trigger leasing a shared client until it is c
 DateTime wait, and an HTTP wait against an aiohttp server in this process that answers 503 once,
 then 200. Everything from the first metric on runs under the blocking watch; with
 ``--slow-resolver`` every host-name lookup takes 0.3 s, as a slow DNS server would make it.
+With ``--core-only``, ``[metrics] statsd_on`` is turned on only after Airflow was imported, so
+only the core's metrics layer (which the triggerer sets up itself) has a backend.
 """
 
 from __future__ import annotations
@@ -43,6 +45,21 @@ def slow_resolver() -> None:
         return real(*args, **kwargs)
 
     socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]
+
+
+def initialize_like_the_triggerer() -> None:
+    """What ``airflow triggerer`` does before it forks its TriggerRunner: set up the core's metrics."""
+    from airflow.configuration import conf
+    from airflow.observability.metrics import stats_utils
+    from airflow.observability.stats import Stats
+
+    try:  # Airflow 3.3
+        Stats.initialize(
+            factory=stats_utils.get_stats_factory(),
+            export_legacy_names=conf.getboolean("metrics", "legacy_names_on"),
+        )
+    except TypeError:  # Airflow 3.2
+        Stats.initialize(factory=stats_utils.get_stats_factory(Stats))
 
 
 async def http_server() -> tuple[web.AppRunner, int]:
@@ -94,9 +111,12 @@ def child(slow: bool) -> None:
 
 
 if __name__ == "__main__":
+    if "--core-only" in sys.argv:  # the Task SDK's metrics were set up while [metrics] said off
+        os.environ["AIRFLOW__METRICS__STATSD_ON"] = "True"
+    initialize_like_the_triggerer()
     # Like the triggerer, whose TriggerRunner is forked from a process that imported Airflow (and
-    # built its metrics backend there): Airflow drops the backend in the fork and builds a new
-    # one on the child's first metric, which happens inside the child's event loop.
+    # may have built its metrics backend there): Airflow drops the backend in the fork and builds
+    # a new one on the child's first metric, which happens inside the child's event loop.
     pid = os.fork()
     if pid == 0:
         try:

@@ -14,7 +14,6 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,15 +56,6 @@ class Run:
         return sum(self.values(name, "c"))
 
 
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.5)
-    yield sock
-    sock.close()
-
-
 def parse(datagrams: list[bytes]) -> list[Metric]:
     metrics = []
     for line in b"\n".join(datagrams).decode().splitlines():
@@ -76,8 +66,15 @@ def parse(datagrams: list[bytes]) -> list[Metric]:
     return metrics
 
 
-def run_waits(listener: socket.socket, *args: str, **options: str) -> Run:
-    """Run tests/core/metrics_run.py with these ``[metrics]`` options; collect what reached ``listener``."""
+def run_waits(*args: str, **options: str) -> Run:
+    """Run tests/core/metrics_run.py with these ``[metrics]`` options; collect what a StatsD listener got."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(0.5)
+        return _run_waits(listener, args, options)
+
+
+def _run_waits(listener: socket.socket, args: tuple[str, ...], options: dict[str, str]) -> Run:
     env = {key: value for key, value in os.environ.items() if not key.startswith("AIRFLOW__METRICS__")}
     env.update(
         AIRFLOW__METRICS__STATSD_ON="True",
@@ -106,13 +103,23 @@ def run_waits(listener: socket.socket, *args: str, **options: str) -> Run:
     return Run(json.loads(lines[-1].removeprefix("RESULT ")), ours, done.stderr)
 
 
+@pytest.fixture(scope="module")
+def plain() -> Run:
+    """StatsD on from the start, its host a name, and a resolver taking 0.3 s per lookup."""
+    return run_waits("--slow-resolver", statsd_host="localhost")
+
+
+@pytest.fixture(scope="module")
+def tagged_core_only() -> Run:
+    """Influx-style tags on; only the core's metrics layer set up (as the triggerer does)."""
+    return run_waits("--core-only", statsd_on="False", statsd_influxdb_enabled="True")
+
+
 ENDED = {"recovers": "success", "fatal": "error", "late": "timeout", "datetime": "success", "http": "success"}
 
 
-def test_waits_report_polls_errors_events_backoff_and_clients_through_airflows_statsd(
-    listener: socket.socket,
-) -> None:
-    run = run_waits(listener)
+def test_waits_report_polls_errors_events_backoff_and_clients_through_airflows_statsd(plain: Run) -> None:
+    run = plain
     assert run.result["statuses"] == ENDED
     assert run.result["blocked"] == []
 
@@ -145,26 +152,32 @@ def test_waits_report_polls_errors_events_backoff_and_clients_through_airflows_s
     assert all(n.count(".") <= 4 for n in names), names
 
 
-def test_dimensions_also_travel_as_tags_for_backends_that_keep_them(listener: socket.socket) -> None:
-    run = run_waits(listener, statsd_influxdb_enabled="True")
-    tagged = {(m.name.removeprefix(f"{PREFIX}."), tuple(m.tags.items())) for m in run.metrics}
+def test_dimensions_also_travel_as_tags_for_backends_that_keep_them(tagged_core_only: Run) -> None:
+    tagged = {(m.name.removeprefix(f"{PREFIX}."), tuple(m.tags.items())) for m in tagged_core_only.metrics}
     assert ("http.transient_errors.unavailable", (("wait", "http"), ("error_type", "unavailable"))) in tagged
     assert ("ScriptedTrigger.events.timeout", (("wait", "ScriptedTrigger"), ("status", "timeout"))) in tagged
     assert ("datetime.polls", (("wait", "datetime"),)) in tagged
     assert ("shared_clients.sample.open", (("client", "sample"),)) in tagged
 
 
-def test_building_the_backend_in_a_fresh_triggerer_process_does_not_block_the_loop(listener: socket.socket) -> None:
+def test_building_the_backend_in_a_fresh_triggerer_process_does_not_block_the_loop(plain: Run) -> None:
     """Airflow builds its StatsD client on a process's first metric, resolving the host name;
     with a 0.3 s resolver that would hold the loop if it happened there."""
-    run = run_waits(listener, "--slow-resolver", statsd_host="localhost")
+    run = plain
     assert run.result["blocked"] == []
     assert run.result["statuses"] == ENDED
     assert run.count("ScriptedTrigger.polls") == 4  # what came while it was built is sent, not lost
 
 
-def test_with_metrics_off_nothing_is_sent_and_nothing_fails(listener: socket.socket) -> None:
-    run = run_waits(listener, statsd_on="False")
+def test_the_metrics_layer_the_triggerer_set_up_is_used_when_the_task_sdks_has_no_backend(
+    tagged_core_only: Run,
+) -> None:
+    assert tagged_core_only.result["metrics"] == "on"
+    assert tagged_core_only.count("http.events.success") == 1
+
+
+def test_with_metrics_off_nothing_is_sent_and_nothing_fails() -> None:
+    run = run_waits(statsd_on="False")
     assert run.result["statuses"] == ENDED
     assert run.result["metrics"] == "off"
     assert run.metrics == []
@@ -209,7 +222,10 @@ def test_a_broken_metrics_backend_turns_metrics_off_instead_of_failing_waits(mon
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no such metrics backend")
 
-    monkeypatch.setattr(_metrics.Stats, "timer", broken)
+    class Broken:
+        timer = staticmethod(broken)
+
+    monkeypatch.setattr(_metrics, "_LAYERS", (Broken,))
     sender = _metrics._Sender()
     sender.send("incr", "deferrable_kit.test.polls", 1, {})
     sender.wait_ready(10)
