@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_deferrable_kit import _metrics
 from airflow_deferrable_kit._per_loop import PerLoop
 
 Factory = Callable[[], Coroutine[Any, Any, Any]]
@@ -37,6 +38,7 @@ def _forget_failed(registry: dict[Hashable, _Entry], key: Hashable, entry: _Entr
     def done(task: asyncio.Task[Any]) -> None:
         if (task.cancelled() or task.exception() is not None) and registry.get(key) is entry:
             del registry[key]
+            _metrics.client_closed(key)
 
     entry.creating.add_done_callback(done)
 
@@ -67,14 +69,18 @@ async def acquire(key: Hashable, factory: Factory, close: Closer) -> Any:
     if entry is None:
         entry = _Entry(creating=asyncio.get_running_loop().create_task(factory()), close=close)
         registry[key] = entry
+        _metrics.client_opened(key)
         _forget_failed(registry, key, entry)
     entry.refs += 1
+    _metrics.leases_changed(key, 1)
     try:
         return await asyncio.shield(entry.creating)
     except BaseException:
         entry.refs -= 1
+        _metrics.leases_changed(key, -1)
         if entry.refs == 0 and registry.get(key) is entry:
             del registry[key]
+            _metrics.client_closed(key)
             _close_when_built(entry)
         raise
 
@@ -86,9 +92,11 @@ async def release(key: Hashable) -> None:
     if entry is None:
         return
     entry.refs -= 1
+    _metrics.leases_changed(key, -1)
     if entry.refs > 0:
         return
     del registry[key]
+    _metrics.client_closed(key)
     task = entry.creating
     if task.done() and not task.cancelled() and task.exception() is None:
         await entry.close(task.result())

@@ -34,6 +34,7 @@ from typing_extensions import dataclass_transform
 
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
+from airflow_deferrable_kit._metrics import for_trigger
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.clients import Closer, Factory, Leases
@@ -236,6 +237,9 @@ class PollingTrigger(BaseTrigger):
     #: Start the second poll at a random phase within one interval, so waits deferred together
     #: do not poll together for ever. ``False`` for a check that costs nothing (a clock read).
     spread_polls: ClassVar[bool] = True
+    #: The wait's segment in metric names (``deferrable_kit.<name>.polls``); ``None``: this
+    #: package's waits are named by module (``s3``, ``datetime``), yours by class name.
+    metrics_name: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -246,6 +250,7 @@ class PollingTrigger(BaseTrigger):
         BaseTrigger.__init__(self)
         self._leases = Leases()
         self._deadline_ts: float | None = None
+        self._metrics = for_trigger(type(self))
         if self.extra is not None:
             require_extra(self.extra, *self.extra_modules, needed_by=type(self).__name__)
         self._validate_common()
@@ -314,10 +319,12 @@ class PollingTrigger(BaseTrigger):
 
     # ------------------------------------------------------------------------ the loop
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        started = self.clock.time()
         try:
             payload = await self.wait()
         finally:
             await self.release()
+        self._metrics.event(payload["status"], self.clock.time() - started)
         yield self.to_event(payload)
 
     async def cleanup(self) -> None:
@@ -343,6 +350,7 @@ class PollingTrigger(BaseTrigger):
             left = self.seconds_left()
             if left is not None and left <= 0:
                 return self._timed_out()
+            self._metrics.poll()
             try:
                 outcome = await self._check_before(left)
             except asyncio.CancelledError:
@@ -360,9 +368,11 @@ class PollingTrigger(BaseTrigger):
                 else:
                     reached = True
                 if not isinstance(error, TransientError):
+                    self._metrics.fatal(error.error_type)
                     self.log.error("Wait failed (%s): %s", error.error_type, redact(error.message))
                     return self._safe(error_payload, error.error_type, error.message, error.details)
                 failures += 1
+                self._metrics.transient(error.error_type)
                 self._last_error = error
                 delay = self.backoff_delay(failures, error.retry_after)
                 self.log.warning(
@@ -390,6 +400,8 @@ class PollingTrigger(BaseTrigger):
             left = self.seconds_left()
             if left is not None:
                 delay = min(delay, max(left, 0.0))
+            if failures:
+                self._metrics.backoff(delay)
             await self.pause(delay)
 
     async def _check_before(self, left: float | None) -> Found | object | None:
@@ -437,6 +449,7 @@ class PollingTrigger(BaseTrigger):
         try:
             payload = build(*args)
         except PayloadError as exc:
+            self._metrics.fatal(ErrorType.PAYLOAD_ERROR)
             self.log.error("%s produced an unusable payload: %s", type(self).__name__, exc)
             return error_payload(ErrorType.PAYLOAD_ERROR, f"{type(self).__name__} produced an unusable payload: {exc}")
         return payload
@@ -467,6 +480,7 @@ class PollingTrigger(BaseTrigger):
 
         Transient errors count as "not yet" here: the sensor's next poke is the retry.
         """
+        self._metrics.poll()
         try:
             outcome = await self.check()
         except asyncio.CancelledError:
@@ -474,8 +488,10 @@ class PollingTrigger(BaseTrigger):
         except Exception as exc:
             error = self.classify_error(exc)
             if isinstance(error, TransientError):
+                self._metrics.transient(error.error_type)
                 self.log.warning("Transient error (%s): %s; will poke again", error.error_type, redact(error.message))
                 return None
+            self._metrics.fatal(error.error_type)
             return self._safe(error_payload, error.error_type, error.message, error.details)
         finally:
             await self.release()
