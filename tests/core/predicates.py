@@ -6,12 +6,19 @@ from typing import Any
 
 
 def returns(subject: dict[str, Any]) -> Any:
-    """Return whatever the subject says to return: lets one predicate give every kind of answer."""
+    """Return whatever the subject says to return: lets one predicate give every kind of answer.
+
+    The subject is the wait's own: a row (Postgres), ``{"json": body, ...}`` (HTTP) or
+    ``{"value": value, ...}`` (Kafka).
+    """
+    for wrapper in ("json", "value"):
+        if isinstance(subject.get(wrapper), dict):
+            subject = subject[wrapper]
     return subject["returns"]
 
 
 async def returns_async(subject: dict[str, Any]) -> Any:
-    return subject["returns"]
+    return returns(subject)
 
 
 def raises(subject: dict[str, Any]) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -87,6 +88,64 @@ RULE = [
         "success",
     ),
 ]
+
+
+class _Wait:
+    """How one wait looks at a subject, through its own code (matchers, lookups, predicate subject)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def matchers(self) -> Any:
+        if self.name == "http":
+            from airflow_deferrable_kit.triggers.http import MATCHERS as matchers
+        elif self.name == "postgres":
+            from airflow_deferrable_kit.triggers.postgres import MATCHERS as matchers
+        else:
+            from airflow_deferrable_kit._kafka_messages import MATCHERS as matchers
+        return matchers
+
+    def value_of(self, document: dict[str, Any]) -> Any:
+        if self.name == "http":
+            return lambda acceptor: lookup(document, acceptor.parts)
+        if self.name == "postgres":
+            from airflow_deferrable_kit.triggers.postgres import value_in_row
+
+            return lambda acceptor: value_in_row(document, acceptor)
+        message = self.message(document)
+        return lambda acceptor: message.lookup("json", acceptor.matcher, acceptor.argument)
+
+    def subject(self, document: dict[str, Any]) -> Any:
+        if self.name == "http":
+            return {"status_code": 200, "headers": {}, "text": json.dumps(document), "json": document}
+        if self.name == "postgres":
+            return document
+        return self.message(document).subject("json")
+
+    @staticmethod
+    def message(document: dict[str, Any]) -> Any:
+        from airflow_deferrable_kit._kafka_messages import KafkaMessage
+        from tests.kafka.fakes import record
+
+        return KafkaMessage(record(json.dumps(document).encode()))
+
+
+@pytest.mark.parametrize("wait", ["http", "postgres", "kafka"])
+@pytest.mark.parametrize(
+    ("success", "failure", "retry", "predicate", "subject", "expected"),
+    [row[1:] for row in RULE],
+    ids=[row[0] for row in RULE],
+)
+async def test_the_rule_is_the_same_for_every_wait(
+    wait: str, success: list, failure: list, retry: list, predicate: str | None, subject: dict, expected: str
+) -> None:
+    # The same table through each wait's own matchers, lookups and predicate subject.
+    through = _Wait(wait)
+    canonical = ConditionSet.canonicalise(matchers=through.matchers, success=success, failure=failure, retry=retry)
+    conditions = ConditionSet.load(canonical, predicate, matchers=through.matchers)
+    verdict = await conditions.evaluate(through.value_of(subject), lambda: through.subject(subject))
+    assert verdict.state == expected
 
 
 def _value_of(subject: dict[str, Any]):
