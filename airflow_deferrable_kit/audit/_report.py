@@ -145,7 +145,8 @@ class Report:
     rows: list[Row]
     candidates: list[Row]
     totals: Totals
-    #: One per sensor task that could hold less, most worker time saved first.
+    #: One per sensor task that could hold less: the changes available today first, then the
+    #: future ones, each most worker time saved first.
     recommendations: list[Recommendation] = field(default_factory=list)
 
     def as_dict(self, top: int | None = None) -> dict[str, Any]:
@@ -386,7 +387,7 @@ def build_report(
         row.migration_rank = rank
     recommendations = sorted(
         (advice for advice in (row.recommendation() for row in tasks.values()) if advice is not None),
-        key=lambda advice: (-advice.saves, tuple(advice.key.values())),
+        key=lambda advice: (not advice.available, -advice.saves, tuple(advice.key.values())),
     )
     if group_by == "task":
         rows = list(tasks.values())
