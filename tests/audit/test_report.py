@@ -259,22 +259,13 @@ def test_a_tiny_deferred_resume_is_stated_not_denied(metadata_db: MetadataDB) ->
 def test_a_sensor_that_ends_in_the_triggerer_is_told_of_asset_watchers_as_a_future_option(
     metadata_db: MetadataDB,
 ) -> None:
-    metadata_db.attempt(
-        "etl",
-        "wait_s3_end_from_trigger",
-        operator="S3KeySensor",
-        start=at(0),
-        end=at(300),
-        events=[("running", at(0.1)), ("deferred", at(1.5))],
-    )
-    metadata_db.attempt(
-        "etl",
-        "wait_moment_end_from_trigger",
-        operator="DateTimeSensor",
-        start=at(0),
-        end=at(300),
-        events=[("running", at(0.1)), ("deferred", at(1.5))],
-    )
+    # Deferred with end_from_trigger: no resume, the triggerer ended both.
+    for task_id, operator in [
+        ("wait_s3_end_from_trigger", "S3KeySensor"),
+        ("wait_moment_end_from_trigger", "DateTimeSensor"),
+    ]:
+        events = [("running", at(0.1)), ("deferred", at(1.5))]
+        metadata_db.attempt("etl", task_id, operator=operator, start=at(0), end=at(300), events=events)
     # Resumed on a worker for 0.2 s: a smaller saving, but one that can be had today.
     metadata_db.attempt(
         "etl",
