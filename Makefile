@@ -37,8 +37,9 @@ test-fast: venv
 	$(BIN)/pytest -q -p no:cacheprovider -m "not e2e" tests
 
 # Runs the showcase DAG on a real Airflow against local services and prints what each wait cost.
+# `make demo ARGS=--keep` leaves Airflow up afterwards (until Ctrl-C) to browse and audit the run.
 demo: system-deps venv
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python scripts/demo.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

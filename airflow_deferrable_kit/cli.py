@@ -1,7 +1,8 @@
 """The ``airflow-deferrable-kit`` command.
 
-``audit`` reads an Airflow 3 metadata database and reports, per task / DAG / operator, how many
-worker-slot hours went to waiting and which sensors are worth moving to a deferrable wait. See
+``audit`` reads an Airflow 3 metadata database and reports, per task / DAG / operator, how much
+worker-slot time went to waiting, which sensors are worth moving to a deferrable wait, and what
+each sensor's next change would save. See
 ``docs/audit.md``. Exit codes: 0 done, 1 the audit could not run, 2 a bad argument.
 """
 
@@ -88,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--dag-id", action="append", dest="dag_ids", metavar="DAG_ID", help="only this DAG (repeatable)")
     audit.add_argument(
+        "--run-id", action="append", dest="run_ids", metavar="RUN_ID", help="only this DAG run (repeatable)"
+    )
+    audit.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -138,6 +142,7 @@ def _audit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             group_by=args.by,
             check_seconds=args.check_seconds,
             dag_ids=args.dag_ids,
+            run_ids=args.run_ids,
             progress=printer,
         )
     except AuditUsageError as exc:

@@ -1,8 +1,9 @@
 """A real Airflow on 127.0.0.1 (api-server, scheduler, triggerer, dag-processor; SQLite +
 LocalExecutor) in a throw-away AIRFLOW_HOME, plus a small REST client to drive it.
 
-Used by the end-to-end tests and the demo. Every process runs in its own session so ``stop()``
-can end the whole group, also after Ctrl-C.
+Used by the end-to-end tests, the benchmarks and the demo. Its processes get the caller's
+environment without any Airflow setting of the caller's own (see :func:`without_airflow_settings`),
+and every process runs in its own session so ``stop()`` can end the whole group, also after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -27,6 +28,23 @@ from scripts.services import ServiceUnavailable, free_port
 
 COMPONENTS = ("api-server", "scheduler", "triggerer", "dag-processor")
 TERMINAL = {"success", "failed", "skipped", "upstream_failed", "removed"}
+#: Every variable Airflow reads from the environment starts with one of these: AIRFLOW_HOME,
+#: AIRFLOW_CONFIG, AIRFLOW__SECTION__KEY (and its _CMD/_SECRET forms), AIRFLOW_CONN_*,
+#: AIRFLOW_VAR_*, and the internal _AIRFLOW_* ones.
+AIRFLOW_PREFIXES = ("AIRFLOW_", "_AIRFLOW")
+#: The user the simple auth manager creates, and the file it writes that user's password to.
+ADMIN_USER = "admin"
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
+
+
+def without_airflow_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` minus every Airflow setting in it (PATH, locale, proxies, ... stay).
+
+    An ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` exported in the caller's shell would otherwise make
+    this throw-away Airflow migrate and use that database; an ``AIRFLOW_CONN_*`` would shadow or
+    add connections.
+    """
+    return {name: value for name, value in environ.items() if not name.startswith(AIRFLOW_PREFIXES)}
 
 
 @dataclass
@@ -47,11 +65,19 @@ class LocalAirflow:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def metadata_url(self) -> str:
+        """The metadata DB its components use (what ``airflow-deferrable-kit audit`` reads)."""
+        return self.sql_alchemy_conn or f"sqlite:///{self.home / 'airflow.db'}"
+
+    @property
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The environment of every Airflow process: the caller's without its Airflow settings,
+        then this Airflow's own, then ``extra_env``."""
+        env = without_airflow_settings(os.environ)
         env.update(
             {
                 "AIRFLOW_HOME": str(self.home),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.metadata_url,
                 "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -69,8 +95,6 @@ class LocalAirflow:
                 "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             }
         )
-        if self.sql_alchemy_conn is not None:
-            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.sql_alchemy_conn
         env.update(self.extra_env)
         return env
 
@@ -145,9 +169,10 @@ class LocalAirflow:
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
     # ------------------------------------------------------------------------------ REST
-    def _password(self) -> str:
-        path = self.home / "simple_auth_manager_passwords.json.generated"
-        return str(json.loads(path.read_text())["admin"])
+    def login(self) -> tuple[str, str]:
+        """The UI and REST login: the user and the password the simple auth manager generated."""
+        path = self.home / PASSWORDS_FILE
+        return ADMIN_USER, str(json.loads(path.read_text())[ADMIN_USER])
 
     def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True, attempts: int = 5) -> Any:
         """One REST call; idempotent GETs are retried when a busy api-server is slow or restarting."""
@@ -174,7 +199,8 @@ class LocalAirflow:
         raise AssertionError("unreachable")
 
     def _fetch_token(self) -> str:
-        body = {"username": "admin", "password": self._password()}
+        user, password = self.login()
+        body = {"username": user, "password": password}
         return str(self._request("POST", "/auth/token", body, auth=False)["access_token"])
 
     def api(self, method: str, path: str, body: Any = None) -> Any:

@@ -1,18 +1,24 @@
 """`make demo`: the showcase DAG on a real Airflow, against real local services.
 
 Starts PostgreSQL, an S3 API server, a Kafka-protocol broker and the batch API on 127.0.0.1,
-then a real Airflow (api-server, scheduler, triggerer, dag-processor; SQLite + LocalExecutor).
-Runs ``deferrable_kit_showcase``; once its five sensors have deferred, makes each awaited
-condition true after a delay, and prints per task when it deferred and resumed, the seconds it
-held a worker against the seconds it waited, and its payload. Exit 0 if every task succeeded;
-otherwise 1 with the failing task's log excerpt. Everything it started is stopped, also on Ctrl-C.
+then a real Airflow (api-server, scheduler, triggerer, dag-processor; SQLite + LocalExecutor)
+whose processes see none of the caller's own Airflow settings. Runs ``deferrable_kit_showcase``;
+once its five sensors have deferred, makes each awaited condition true after a delay, and prints
+per task when it deferred and resumed, the seconds it held a worker against the seconds it
+waited - measured by ``airflow-deferrable-kit audit``'s own code on this Airflow's metadata DB -
+with a total, and each payload. Exit 0 if every task succeeded; otherwise 1 with the failing
+task's log excerpt. Everything it started is stopped, also on Ctrl-C; with ``--keep`` only once
+you press Ctrl-C, so that you can open the UI and audit the run first.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -29,8 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from airflow_deferrable_kit.audit import run_audit  # noqa: E402
 from scripts import services  # noqa: E402
-from scripts.airflow_local import LocalAirflow, WatchedRun, local_airflow  # noqa: E402
+from scripts.airflow_local import PASSWORDS_FILE, LocalAirflow, WatchedRun, local_airflow  # noqa: E402
 
 DAG_ID = "deferrable_kit_showcase"
 BUCKET = "adk-demo"
@@ -224,7 +231,7 @@ def showcase(
                 shutil.copy(path, dags / path.name)
         log("starting Airflow (api-server, scheduler, triggerer, dag-processor) ...")
         airflow = stack.enter_context(local_airflow(dags, connections_env(pg, s3_server, broker, api_url)))
-        log(f"Airflow is up at {airflow.base_url}")
+        log(up_message(airflow))
         yield Showcase(airflow=airflow, postgres=pg, s3=s3_server, kafka=broker, batch_api_url=api_url)
 
 
@@ -274,8 +281,22 @@ def run_showcase(
     return show.airflow.watch_run(DAG_ID, run_id, timeout=timeout, on_change=on_change, on_tick=on_tick)
 
 
+def up_message(airflow: LocalAirflow) -> str:
+    """Where Airflow is, said so that nobody keeps a URL that dies with the demo."""
+    return f"Airflow is up at {airflow.base_url} while the demo runs (--keep keeps it up after the run)"
+
+
 def report(show: Showcase, watched: WatchedRun) -> list[dict[str, Any]]:
-    """One row per task: deferral times, worker-held vs wall seconds, and the payload."""
+    """One row per task: when it deferred and resumed, the worker seconds it held and the seconds
+    it waited, and its payload.
+
+    The seconds come from ``airflow-deferrable-kit audit``'s own measure of this run, read from
+    this Airflow's metadata DB: one implementation, and it sees what polling the REST API misses
+    (a worker holds its slot from its own start, seconds before a cold API server records it
+    running). The deferred/resumed times are when the REST API first showed the change.
+    """
+    audited = run_audit(show.airflow.metadata_url, dag_ids=[DAG_ID], run_ids=[watched.run_id], days=1)
+    measured = {row.key["task_id"]: row.totals for row in audited.rows}
     rows = []
     for task_id in TASKS:
         ti = watched.last.get(task_id, {})
@@ -288,8 +309,7 @@ def report(show: Showcase, watched: WatchedRun) -> list[dict[str, Any]]:
             ),
             None,
         )
-        first = watched.timeline[task_id][0][0] if watched.timeline.get(task_id) else None
-        ended = watched.first_seen(task_id, str(ti.get("state")))
+        totals = measured.get(task_id)
         payload: Any = None
         with contextlib.suppress(Exception):
             payload = show.airflow.xcom(DAG_ID, watched.run_id, task_id)
@@ -299,8 +319,9 @@ def report(show: Showcase, watched: WatchedRun) -> list[dict[str, Any]]:
                 "state": ti.get("state"),
                 "deferred_at": deferred_at,
                 "resumed_at": resumed_at,
-                "worker_seconds": watched.seconds_in(task_id, "running", until=ended),
-                "wall_seconds": (ended - first) if (ended and first) else None,
+                "worker_seconds": totals.worker if totals else None,
+                "waited_seconds": totals.wall if totals else None,
+                "worker_runs": totals.worker_runs if totals else None,
                 "payload": payload,
             }
         )
@@ -308,39 +329,141 @@ def report(show: Showcase, watched: WatchedRun) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]], start: float, out: Callable[[str], None] = print) -> None:
+    """The per-task table with a TOTAL row, what its columns mean, then each task's payload."""
+
     def clock(at: float | None) -> str:
-        return f"+{at - start:6.1f}s" if at else "     -  "
+        return f"+{at - start:.1f}s" if at else "-"
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    def line(task: str, state: str, deferred: str, resumed: str, worker: str, waited: str, runs: str) -> str:
+        return f"{task:<22}  {state:<7}  {deferred:>8}  {resumed:>8}  {worker:>8}  {waited:>8}  {runs:>11}"
+
+    def total(column: str) -> float:
+        return sum(row[column] or 0 for row in rows)
 
     out("")
-    out(f"{'task':<24} {'state':<8} {'deferred':>9} {'resumed':>9} {'worker s':>9} {'wall s':>8}")
+    out(line("task", "state", "deferred", "resumed", "worker s", "waited s", "worker runs"))
     for row in rows:
-        wall = f"{row['wall_seconds']:8.1f}" if row["wall_seconds"] is not None else "       -"
         out(
-            f"{row['task_id']:<24} {row['state']!s:<8} {clock(row['deferred_at']):>9} {clock(row['resumed_at']):>9} "
-            f"{row['worker_seconds']:9.1f} {wall}"
+            line(
+                row["task_id"],
+                str(row["state"]),
+                clock(row["deferred_at"]),
+                clock(row["resumed_at"]),
+                seconds(row["worker_seconds"]),
+                seconds(row["waited_seconds"]),
+                "-" if row["worker_runs"] is None else str(row["worker_runs"]),
+            )
         )
-        out(textwrap.indent(textwrap.fill(json.dumps(row["payload"]), 100), "    payload: "))
+    runs = f"{total('worker_runs'):.0f}"
+    out(line("TOTAL", "", "", "", seconds(total("worker_seconds")), seconds(total("waited_seconds")), runs))
     out("")
-    out("deferred/resumed: seconds after the run was triggered; worker s: seconds the task was seen running")
-    out("on a worker (to ~0.5 s); wall s: from the task's first state to its end.")
+    out("deferred/resumed: when the REST API first showed the task deferred and then out of it, seconds after")
+    out("the run was triggered. worker s: seconds a worker slot was held, measured from this Airflow's metadata")
+    out("DB as `airflow-deferrable-kit audit` measures it (from the worker's own start, cold start included);")
+    out("waited s: from the task's first start on a worker to its end; worker runs: worker processes it took")
+    out("(2: deferred, then resumed on a worker; 1: ended by the triggerer, end_from_trigger=True).")
+    out("")
+    out("payloads (each task's XCom):")
+    for row in rows:
+        text = json.dumps(row["payload"])
+        out(textwrap.fill(text, 100, initial_indent=f"  {row['task_id']}: ", subsequent_indent="    "))
 
 
-def main() -> int:
+def kept_message(airflow: LocalAirflow) -> str:
+    """What ``--keep`` leaves running, how to log in, audit it and stop it."""
+    user, password = airflow.login()
+    console = Path(sys.executable).with_name("airflow-deferrable-kit")
+    command = [str(console)] if console.exists() else [sys.executable, "-m", "airflow_deferrable_kit.cli"]
+    audit = [*command, "audit", "--sql-alchemy-conn", airflow.metadata_url, "--dag-id", DAG_ID]
+    return "\n".join(
+        [
+            "",
+            f"Airflow keeps running at {airflow.base_url} - log in as {user!r}, password {password!r}",
+            f"(the password is in {airflow.home / PASSWORDS_FILE}).",
+            f"Audit it: {shlex.join(audit)}",
+            f"Stop it: press Ctrl-C here (or run: kill {os.getpid()}); that stops everything the demo",
+            f"started and deletes its files, {airflow.home} included.",
+        ]
+    )
+
+
+def wait_until_stopped() -> None:
+    """Block until Ctrl-C or SIGTERM (both arrive as KeyboardInterrupt, see :func:`main`)."""
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(3600)
+
+
+def finish(
+    airflow: LocalAirflow,
+    *,
+    keep: bool,
+    out: Callable[[str], None] = print,
+    until_stopped: Callable[[], None] = wait_until_stopped,
+) -> None:
+    """After the run: with ``keep``, say how to use what is still running and wait until stopped."""
+    if keep:
+        out(kept_message(airflow))
+        until_stopped()
+    else:
+        out("Airflow stops with the demo; `make demo ARGS=--keep` keeps it up to browse and audit the run.")
+
+
+@dataclass
+class DemoResult:
+    watched: WatchedRun
+    rows: list[dict[str, Any]]
+    code: int
+
+
+def run_demo(
+    show: Showcase,
+    *,
+    keep: bool = False,
+    delay: float = 3.0,
+    log: Callable[[str], None] = print,
+    out: Callable[[str], None] = print,
+    until_stopped: Callable[[], None] = wait_until_stopped,
+) -> DemoResult:
+    """What ``make demo`` does once everything is up: run the showcase, print the table, finish."""
+    started = time.time()
+    watched = run_showcase(show, delay=delay, log=log)
+    rows = report(show, watched)
+    print_table(rows, min(at for seen in watched.timeline.values() for at, _ in seen), out=out)
+    failed = [row for row in rows if row["state"] != "success"]
+    code = 0 if watched.run_state == "success" and not failed else 1
+    if code == 0:
+        out(f"all {len(rows)} waits succeeded in {time.time() - started:.0f}s")
+    for row in failed:
+        out(f"--- {row['task_id']} ended {row['state']}; log excerpt:")
+        out(show.airflow.task_log(DAG_ID, watched.run_id, row["task_id"])[-3000:])
+    finish(show.airflow, keep=keep, out=out, until_stopped=until_stopped)
+    return DemoResult(watched, rows, code)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="after the run, leave Airflow (and the services it waits on) running until Ctrl-C, "
+        "to open its UI and audit the run",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    start = time.time()
     try:
         with showcase() as show:
-            watched = run_showcase(show)
-            rows = report(show, watched)
-            print_table(rows, min(at for seen in watched.timeline.values() for at, _ in seen))
-            failed = [row for row in rows if row["state"] != "success"]
-            if watched.run_state == "success" and not failed:
-                print(f"all {len(rows)} waits succeeded in {time.time() - start:.0f}s")
-                return 0
-            for row in failed:
-                print(f"--- {row['task_id']} ended {row['state']}; log excerpt:")
-                print(show.airflow.task_log(DAG_ID, watched.run_id, row["task_id"])[-3000:])
-            return 1
+            result = run_demo(show, keep=args.keep)
+        if args.keep:
+            print("stopped everything the demo started")
+        return result.code
     except KeyboardInterrupt:
         print("interrupted: stopped everything the demo started", file=sys.stderr)
         return 130

@@ -8,7 +8,9 @@ runs :func:`run_audit`. It has three jobs, each in its own module:
 * :mod:`~airflow_deferrable_kit.audit._measure` turns one try's state changes into
   worker-held and waited seconds (the module says where those numbers come from);
 * :mod:`~airflow_deferrable_kit.audit._report` sums tries into rows, ranks the sensors worth
-  migrating and renders the table, CSV or JSON.
+  migrating and renders the table, CSV or JSON;
+* :mod:`~airflow_deferrable_kit.audit._advice` names the kit sensor that replaces each one and,
+  per sensor, the change that would hold the least worker time and what it saves.
 
 Every name the command, the docs and the benchmarks use is importable from here. Nothing in
 this package is imported by triggers or sensors.
@@ -21,6 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from airflow_deferrable_kit.audit._advice import CHANGES, EQUIVALENTS, MODES, Equivalent, Recommendation, kit_equivalent
 from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
 from airflow_deferrable_kit.audit._measure import (
     CLOCK_SKEW_ALLOWANCE,
@@ -53,18 +56,15 @@ from airflow_deferrable_kit.audit._metadata import (
     tries_query,
 )
 from airflow_deferrable_kit.audit._report import (
-    EQUIVALENTS,
     GROUP_BY,
     GROUP_KEYS,
-    MODES,
-    Equivalent,
     Report,
     Row,
     Tasks,
     Totals,
     account,
     build_report,
-    kit_equivalent,
+    duration,
 )
 
 
@@ -97,14 +97,15 @@ def run_audit(
     group_by: str = "task",
     check_seconds: float = 5.0,
     dag_ids: Sequence[str] | None = None,
+    run_ids: Sequence[str] | None = None,
     now: dt.datetime | None = None,
     progress: Callable[[Progress], None] | None = None,
     progress_every: int = 5000,
 ) -> Report:
     """Audit the tries that ended in the last ``days`` before ``now``, DAG by DAG.
 
-    One DAG at a time keeps memory bounded by the largest DAG's window, and every query uses
-    an index prefix on ``dag_id``.
+    ``dag_ids`` and ``run_ids`` narrow it to those DAGs and DAG runs. One DAG at a time keeps
+    memory bounded by the largest DAG's window, and every query uses an index prefix on ``dag_id``.
     """
     validate(days=days, price=price, check_seconds=check_seconds, group_by=group_by)
     resolved = resolve_url(url)
@@ -115,7 +116,7 @@ def run_audit(
     with metadata_connection(resolved) as connection:
         dags = list(dag_ids) if dag_ids else all_dag_ids(connection)
         for done, dag_id in enumerate(dags):
-            for attempt, events in dag_tries(connection, dag_id, since, until):
+            for attempt, events in dag_tries(connection, dag_id, since, until, run_ids):
                 tries += 1
                 if progress is not None and tries % progress_every == 0:
                     progress(Progress(done, len(dags), tries))
@@ -128,6 +129,7 @@ def run_audit(
 
 
 __all__ = [
+    "CHANGES",
     "CLOCK_SKEW_ALLOWANCE",
     "EQUIVALENTS",
     "FINISHED",
@@ -148,12 +150,14 @@ __all__ = [
     "Equivalent",
     "Event",
     "Progress",
+    "Recommendation",
     "Report",
     "Row",
     "Totals",
     "Try",
     "Usage",
     "check_schema",
+    "duration",
     "events_query",
     "is_sensor",
     "kit_equivalent",

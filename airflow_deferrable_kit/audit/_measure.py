@@ -84,7 +84,11 @@ class Try:
 
 @dataclass(frozen=True)
 class Usage:
-    """How one try used worker slots. Seconds; ``estimated`` when the ``log`` rows were missing."""
+    """How one try used worker slots. Seconds; ``estimated`` when the ``log`` rows were missing.
+
+    ``resumed`` is the worker-held time after the try first deferred: the runs that resumed it on
+    a worker, which ``end_from_trigger=True`` would not need.
+    """
 
     mode: str
     wall: float
@@ -92,6 +96,7 @@ class Usage:
     segments: int
     shortest: float
     estimated: bool = False
+    resumed: float = 0.0
 
     def idle(self, *, sensor: bool, check_seconds: float) -> float:
         """Worker-held seconds beyond one check: what a sensor held while only waiting.
@@ -190,7 +195,12 @@ def measure(attempt: Try, events: Sequence[Event]) -> Usage | None:
         last = attempt.end if attempt.end is not None and attempt.end > intervals[-1][1] else intervals[-1][1]
         first = attempt.start if from_triggerer and attempt.start is not None else intervals[0][0]
         wall = max(_seconds(first, last), worker)
-        return Usage(mode, wall, worker, len(intervals), min(lengths))
+        resumed = 0.0
+        if from_triggerer:  # every worker run resumed it
+            resumed = worker
+        elif mode == "deferred":  # every run but the one that first deferred
+            resumed = sum(lengths[1:])
+        return Usage(mode, wall, worker, len(intervals), min(lengths), resumed=resumed)
     if not events and attempt.queued is None and not attempt.reschedules and attempt.start and attempt.end:
         # Never queued to an executor, yet started and ended: the triggerer ran the whole try
         # (start_from_trigger with end_from_trigger) and no worker was ever held.
@@ -221,5 +231,5 @@ def _estimate(attempt: Try) -> Usage | None:
         # as the resumed run (which includes its wait in the queue).
         resumed = max(0.0, _seconds(attempt.queued, attempt.end))
         worker = min(span, 2 * resumed)
-        return Usage("deferred", span, worker, 2, worker / 2, estimated=True)
+        return Usage("deferred", span, worker, 2, worker / 2, estimated=True, resumed=worker / 2)
     return Usage("poke" if attempt.sensor else "worker", span, span, 1, span, estimated=True)

@@ -12,7 +12,7 @@ import contextlib
 import datetime as dt
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +105,12 @@ def _same_try(a: sa.Table, b: sa.Table) -> sa.ColumnElement[bool]:
     return sa.and_(a.c.dag_id == b.c.dag_id, *(a.c[name] == b.c[name] for name in _TRY_KEY))
 
 
-def _in_window(table: sa.Table, dag_id: str, since: dt.datetime, until: dt.datetime) -> list[sa.ColumnElement[bool]]:
+def _in_window(
+    table: sa.Table, dag_id: str, since: dt.datetime, until: dt.datetime, run_ids: Collection[str] | None
+) -> list[sa.ColumnElement[bool]]:
     conditions = [table.c.dag_id == dag_id, table.c.end_date >= since, table.c.end_date < until]
+    if run_ids:
+        conditions.append(table.c.run_id.in_(sorted(run_ids)))
     if table is TI:
         conditions.append(TI.c.state.in_(FINISHED))
     else:
@@ -119,32 +123,37 @@ def _in_window(table: sa.Table, dag_id: str, since: dt.datetime, until: dt.datet
     return conditions
 
 
-def tries_query(dag_id: str, since: dt.datetime, until: dt.datetime) -> sa.CompoundSelect[Any]:
-    """Every try of ``dag_id`` that ended in the window: current tries and archived ones."""
+def tries_query(
+    dag_id: str, since: dt.datetime, until: dt.datetime, run_ids: Collection[str] | None = None
+) -> sa.CompoundSelect[Any]:
+    """Every try of ``dag_id`` that ended in the window (of ``run_ids`` only, if given): current
+    tries and archived ones."""
     reschedules = sa.select(sa.func.count()).where(RESCHEDULE.c.ti_id == TI.c.id).scalar_subquery()
     first_reschedule = sa.select(sa.func.min(RESCHEDULE.c.end_date)).where(RESCHEDULE.c.ti_id == TI.c.id)
     current = sa.select(
         *(TI.c[c.name] for c in TIH.columns),
         reschedules.label("reschedules"),
         first_reschedule.scalar_subquery().label("first_reschedule_end"),
-    ).where(*_in_window(TI, dag_id, since, until))
+    ).where(*_in_window(TI, dag_id, since, until, run_ids))
     # task_reschedule rows of earlier tries are deleted when a task is retried.
     archived = sa.select(
         *TIH.columns,
         sa.literal(0, sa.Integer).label("reschedules"),
         sa.null().label("first_reschedule_end"),
-    ).where(*_in_window(TIH, dag_id, since, until))
+    ).where(*_in_window(TIH, dag_id, since, until, run_ids))
     return sa.union_all(current, archived)
 
 
-def events_query(dag_id: str, since: dt.datetime, until: dt.datetime) -> sa.CompoundSelect[Any]:
+def events_query(
+    dag_id: str, since: dt.datetime, until: dt.datetime, run_ids: Collection[str] | None = None
+) -> sa.CompoundSelect[Any]:
     """The worker start/stop ``log`` rows of those same tries (index ``idx_log_task_instance``)."""
     parts = []
     for table in (TI, TIH):
         parts.append(
             sa.select(*(LOG.c[name] for name in _TRY_KEY), LOG.c.event, LOG.c.dttm, LOG.c.id)
             .select_from(LOG.join(table, _same_try(LOG, table)))
-            .where(*_in_window(table, dag_id, since, until), LOG.c.event.in_((WORKER_START, *WORKER_STOP)))
+            .where(*_in_window(table, dag_id, since, until, run_ids), LOG.c.event.in_((WORKER_START, *WORKER_STOP)))
         )
     return sa.union_all(*parts)
 
@@ -283,15 +292,20 @@ def all_dag_ids(connection: sa.Connection) -> list[str]:
 
 
 def dag_tries(
-    connection: sa.Connection, dag_id: str, since: dt.datetime, until: dt.datetime
+    connection: sa.Connection,
+    dag_id: str,
+    since: dt.datetime,
+    until: dt.datetime,
+    run_ids: Collection[str] | None = None,
 ) -> Iterable[tuple[Try, list[Event]]]:
-    """Each try of ``dag_id`` that ended in the window, with its worker start/stop events in order."""
+    """Each try of ``dag_id`` that ended in the window (of ``run_ids`` only, if given), with its
+    worker start/stop events in order."""
     by_try: dict[tuple[str, str, int, int], list[tuple[dt.datetime, int, str]]] = {}
-    for row in connection.execute(events_query(dag_id, since, until)):
+    for row in connection.execute(events_query(dag_id, since, until, run_ids)):
         if row.dttm is not None:
             key = (row.task_id, row.run_id, row.map_index, row.try_number)
             by_try.setdefault(key, []).append((row.dttm, row.id, row.event))
-    for row in connection.execute(tries_query(dag_id, since, until)):
+    for row in connection.execute(tries_query(dag_id, since, until, run_ids)):
         attempt = Try(
             dag_id=row.dag_id,
             task_id=row.task_id,

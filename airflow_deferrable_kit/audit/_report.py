@@ -2,7 +2,9 @@
 
 The ranking is the point of the audit: sensors whose tries held a worker slot while only
 waiting (poke or reschedule mode), most idle worker-held time first, each with the kit sensor
-that moves its wait to the triggerer. Rows render as a fixed-width table, CSV or JSON.
+that moves its wait to the triggerer; and for every sensor, the change that would save the most
+worker time (:mod:`~airflow_deferrable_kit.audit._advice`). Rows render as a fixed-width table
+(each duration in the unit its size calls for), CSV or JSON (raw hours and seconds).
 """
 
 from __future__ import annotations
@@ -11,76 +13,28 @@ import csv
 import datetime as dt
 import io
 import json
-import re
 from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_deferrable_kit.audit._advice import (
+    MODES,
+    Equivalent,
+    Recommendation,
+    Savings,
+    kit_equivalent,
+    migration_advice,
+    recommend,
+)
 from airflow_deferrable_kit.audit._measure import Try, Usage
 
 UTC = dt.timezone.utc
-
-MODES = ("poke", "reschedule", "deferred", "worker")
 GROUP_BY = ("task", "dag", "operator")
 GROUP_KEYS: dict[str, tuple[str, ...]] = {
     "task": ("dag_id", "task_id", "operator"),
     "dag": ("dag_id",),
     "operator": ("operator",),
 }
-
-
-# --------------------------------------------------------------------- kit equivalents
-@dataclass(frozen=True)
-class Equivalent:
-    """The sensor of this kit that can replace a given operator, and what to watch for."""
-
-    sensor: str
-    note: str = ""
-
-    @property
-    def name(self) -> str:
-        return self.sensor.rsplit(".", 1)[-1]
-
-
-_KIT = "airflow_deferrable_kit.sensors."
-_DATETIME = Equivalent(_KIT + "temporal.DateTimeSensor")
-_S3 = Equivalent(_KIT + "s3.S3KeySensor")
-_HTTP = Equivalent(_KIT + "http.HttpBatchReadySensor", "a response_check becomes success=/failure= acceptors")
-_POSTGRES = Equivalent(_KIT + "postgres.PostgresBatchMarkerSensor", "PostgreSQL databases only")
-_KAFKA = Equivalent(_KIT + "kafka.KafkaMessageSensor")
-
-#: Operator class names (``task_instance.operator``) with an equivalent in this kit. The
-#: metadata DB records class names, not modules: the official sensor and ours of the same name
-#: look alike, and the advice (``deferrable=True``) is the same for both.
-EQUIVALENTS: dict[str, Equivalent] = {
-    "DateTimeSensor": _DATETIME,
-    "DateTimeSensorAsync": _DATETIME,
-    "TimeSensor": Equivalent(_DATETIME.sensor, "give target_time as a templated datetime"),
-    "TimeSensorAsync": Equivalent(_DATETIME.sensor, "give target_time as a templated datetime"),
-    "S3KeySensor": _S3,
-    "S3KeySensorAsync": _S3,
-    "HttpSensor": _HTTP,
-    "HttpSensorAsync": _HTTP,
-    "HttpBatchReadySensor": _HTTP,
-    "SqlSensor": _POSTGRES,
-    "PostgresBatchMarkerSensor": _POSTGRES,
-    "AwaitMessageSensor": _KAFKA,
-    "AwaitMessageTriggerFunctionSensor": _KAFKA,
-    "KafkaMessageSensor": _KAFKA,
-}
-_SQL_SENSOR = re.compile(r"(sql|postgres)\w*sensor(async)?$", re.IGNORECASE)
-
-
-def kit_equivalent(*names: str | None) -> Equivalent | None:
-    """The kit sensor for an operator class name (or custom operator name), if there is one."""
-    for name in names:
-        if not name:
-            continue
-        if name in EQUIVALENTS:
-            return EQUIVALENTS[name]
-        if _SQL_SENSOR.search(name):
-            return _POSTGRES
-    return None
 
 
 # -------------------------------------------------------------------------- aggregating
@@ -134,6 +88,7 @@ class Row:
     sensor: bool = False
     operator_classes: set[str] = field(default_factory=set)
     migration_rank: int | None = None
+    savings: Savings = field(default_factory=Savings)
 
     @property
     def equivalent(self) -> Equivalent | None:
@@ -152,13 +107,17 @@ class Row:
             self.modes[mode] = self.modes.get(mode, 0) + count
         self.sensor = self.sensor or other.sensor
         self.operator_classes |= other.operator_classes
+        self.savings.merge(other.savings)
 
     def advice(self) -> str:
-        equivalent = self.equivalent
-        if equivalent is None:
-            return "no kit equivalent: write one on PollingTrigger (docs/writing-your-own-wait.md)"
-        advice = f"{equivalent.sensor}(deferrable=True)"
-        return f"{advice}; {equivalent.note}" if equivalent.note else advice
+        """What this sensor should become to stop waiting on a worker."""
+        return migration_advice(self.equivalent)
+
+    def recommendation(self) -> Recommendation | None:
+        """The change that would save this sensor task the most worker time, if any."""
+        if not self.sensor or "operator" not in self.key:
+            return None
+        return recommend(self.key, self.modes, self.equivalent, self.savings)
 
     def as_dict(self, price: float) -> dict[str, Any]:
         equivalent = self.equivalent
@@ -186,9 +145,13 @@ class Report:
     rows: list[Row]
     candidates: list[Row]
     totals: Totals
+    #: One per sensor task that could hold less: the changes available today first, then the
+    #: future ones, each most worker time saved first.
+    recommendations: list[Recommendation] = field(default_factory=list)
 
     def as_dict(self, top: int | None = None) -> dict[str, Any]:
         candidates = self.candidates if top is None else self.candidates[:top]
+        recommendations = self.recommendations if top is None else self.recommendations[:top]
         return {
             "database": self.database,
             "window": {"days": self.days, "since": self.since.isoformat(), "until": self.until.isoformat()},
@@ -199,6 +162,7 @@ class Report:
             "candidates": [
                 {"rank": row.migration_rank, **row.as_dict(self.price), "advice": row.advice()} for row in candidates
             ],
+            "recommendations": [advice.as_dict(self.price) for advice in recommendations],
             "totals": self.totals.as_dict(self.price),
         }
 
@@ -239,6 +203,7 @@ class Report:
         return out.getvalue()
 
     def to_table(self, top: int = 10) -> str:
+        """The fixed-width report: rows, totals, what sensors held, and what to change (``top`` each)."""
         head = (
             f"Airflow metadata DB: {self.database}\n"
             f"Window: last {self.days:g} days ({_when(self.since)} to {_when(self.until)}); "
@@ -246,13 +211,13 @@ class Report:
         )
         keys = GROUP_KEYS[self.group_by]
         header = [key.upper().replace("_ID", "") for key in keys]
-        header += ["MODE", "RUNS", "WALL h", "WORKER h", "IDLE h", "COST", "IDLE COST"]
+        header += ["MODE", "RUNS", "WALL", "WORKER", "IDLE", "COST", "IDLE COST"]
         if "operator" in keys:
             header.append("KIT EQUIVALENT")
         lines = []
         for row in self.rows:
             line = [row.key[key] for key in keys]
-            line += ["+".join(mode for mode in MODES if row.modes.get(mode)), *self._figures(row.totals)]
+            line += [_modes(row.modes), *self._figures(row.totals)]
             if "operator" in keys:
                 equivalent = row.equivalent
                 line.append(equivalent.name if equivalent else "-")
@@ -261,32 +226,12 @@ class Report:
         if "operator" in keys:
             total.append("")
         parts = [head, _grid(header, [*lines, total], numeric=range(len(keys) + 1, len(keys) + 7))]
+        parts.append("\n" + self._held_summary() + "\n")
         if top > 0 and self.candidates:
-            shown = self.candidates[:top]
-            ranked = [
-                [
-                    str(row.migration_rank),
-                    row.key["dag_id"],
-                    row.key["task_id"],
-                    row.key["operator"],
-                    "+".join(mode for mode in MODES if row.modes.get(mode)),
-                    f"{row.totals.idle / 3600:,.3f}",
-                    f"{row.totals.idle / 3600 * self.price:,.2f}",
-                    row.advice(),
-                ]
-                for row in shown
-            ]
-            more = len(self.candidates) - len(shown)
-            parts.append(
-                "\nSensors worth migrating (idle worker-held time, most costly first"
-                + (f"; {more} more not shown, see --top" if more > 0 else "")
-                + "):\n"
-                + _grid(
-                    ["#", "DAG", "TASK", "OPERATOR", "MODE", "IDLE h", "IDLE COST", "USE"], ranked, numeric=(0, 5, 6)
-                )
-            )
-        elif top > 0:
-            parts.append("\nNo sensor held a worker slot while waiting in this window.\n")
+            parts.append(self._candidates_table(top))
+        deferred = [advice for advice in self.recommendations if advice.change != "deferrable"]
+        if top > 0 and deferred:
+            parts.append(self._deferred_table(deferred, top))
         if self.totals.estimated:
             parts.append(
                 f"\n{self.totals.estimated} of {self.totals.runs} runs had no state-change rows in the log table "
@@ -294,15 +239,93 @@ class Report:
             )
         return "".join(parts)
 
+    def _held_summary(self) -> str:
+        """What sensors held while waiting, in words that stay true at any size, zero included."""
+        if self.totals.idle == 0:
+            return "No sensor held a worker slot while waiting in this window."
+        text = f"Sensors held worker slots for {duration(self.totals.idle)} beyond one check per try (IDLE)"
+        if not self.candidates:
+            text += ", none of it waiting in poke or reschedule mode: no sensor to migrate"
+        return text + "."
+
+    def _candidates_table(self, top: int) -> str:
+        shown = self.candidates[:top]
+        ranked = [
+            [
+                str(row.migration_rank),
+                *(row.key[key] for key in GROUP_KEYS["task"]),
+                _modes(row.modes),
+                duration(row.totals.idle),
+                money(row.totals.idle / 3600 * self.price),
+                duration(row.savings.deferring),
+                row.advice(),
+            ]
+            for row in shown
+        ]
+        header = ["#", "DAG", "TASK", "OPERATOR", "MODE", "IDLE", "IDLE COST", "SAVES", "USE"]
+        return (
+            "\nSensors worth migrating (idle worker-held time, most costly first; SAVES: worker time "
+            "deferrable=True would no longer hold"
+            + _more(len(self.candidates) - len(shown))
+            + "):\n"
+            + _grid(header, ranked, numeric=(0, 5, 6, 7))
+        )
+
+    def _deferred_table(self, deferred: list[Recommendation], top: int) -> str:
+        shown = deferred[:top]
+        lines = [
+            [
+                *(advice.key[key] for key in GROUP_KEYS["task"]),
+                "+".join(advice.modes),
+                duration(advice.saves),
+                advice.advice,
+            ]
+            for advice in shown
+        ]
+        return (
+            "\nDeferred sensors that could hold less (SAVES: worker time the change would no longer hold"
+            + _more(len(deferred) - len(shown))
+            + "):\n"
+            + _grid(["DAG", "TASK", "OPERATOR", "MODE", "SAVES", "CHANGE"], lines, numeric=(4,))
+        )
+
     def _figures(self, totals: Totals) -> list[str]:
         return [
             str(totals.runs),
-            f"{totals.wall / 3600:,.3f}",
-            f"{totals.worker / 3600:,.3f}",
-            f"{totals.idle / 3600:,.3f}",
-            f"{totals.worker / 3600 * self.price:,.2f}",
-            f"{totals.idle / 3600 * self.price:,.2f}",
+            duration(totals.wall),
+            duration(totals.worker),
+            duration(totals.idle),
+            money(totals.worker / 3600 * self.price),
+            money(totals.idle / 3600 * self.price),
         ]
+
+
+def duration(seconds: float) -> str:
+    """Seconds as the text report shows them: in s, min or h by size, never a zero that is not one."""
+    if seconds == 0:
+        return "0 s"
+    if seconds < 0.05:
+        return "<0.1 s"
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    if seconds < 3597:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+def money(amount: float) -> str:
+    """A cost to the cent, with ``<0.01`` for an amount too small to show as one."""
+    if 0 < amount < 0.005:
+        return "<0.01"
+    return f"{amount:,.2f}"
+
+
+def _modes(modes: dict[str, int]) -> str:
+    return "+".join(mode for mode in MODES if modes.get(mode))
+
+
+def _more(hidden: int) -> str:
+    return f"; {hidden} more not shown, see --top" if hidden > 0 else ""
 
 
 def _when(moment: dt.datetime) -> str:
@@ -334,6 +357,8 @@ def account(tasks: Tasks, attempt: Try, usage: Usage, check_seconds: float) -> N
     if row is None:
         row = tasks[key] = Row({"dag_id": key[0], "task_id": key[1], "operator": key[2]})
     row.totals.add(usage, usage.idle(sensor=sensor, check_seconds=check_seconds))
+    if sensor:
+        row.savings.add(usage, check_seconds)
     row.modes[usage.mode] = row.modes.get(usage.mode, 0) + 1
     row.sensor = row.sensor or sensor
     if attempt.operator:
@@ -360,6 +385,10 @@ def build_report(
     )
     for rank, row in enumerate(candidates, start=1):
         row.migration_rank = rank
+    recommendations = sorted(
+        (advice for advice in (row.recommendation() for row in tasks.values()) if advice is not None),
+        key=lambda advice: (not advice.available, -advice.saves, tuple(advice.key.values())),
+    )
     if group_by == "task":
         rows = list(tasks.values())
     else:
@@ -375,4 +404,6 @@ def build_report(
     totals = Totals()
     for row in rows:
         totals.merge(row.totals)
-    return Report(database, since, until, days, price, check_seconds, group_by, rows, candidates, totals)
+    return Report(
+        database, since, until, days, price, check_seconds, group_by, rows, candidates, totals, recommendations
+    )

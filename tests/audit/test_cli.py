@@ -63,6 +63,16 @@ def test_table_output_and_days(recent: MetadataDB, capsys: pytest.CaptureFixture
     assert code == 0 and "wait_old" in out
 
 
+def test_run_id_narrows_the_audit_to_that_dag_run(recent: MetadataDB, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys, "--sql-alchemy-conn", recent.url, "--days", "30", "--run-id", "run_old", "--format", "json"
+    )
+    assert code == 0, err
+    assert [row["task_id"] for row in json.loads(out)["rows"]] == ["wait_old"]
+    code, out, _ = run(capsys, "--sql-alchemy-conn", recent.url, "--run-id", "run_1", "--run-id", "run_old")
+    assert code == 0 and "wait_poke" in out and "wait_old" not in out  # run_old is older than 7 days
+
+
 def test_progress_on_request(recent: MetadataDB, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "--sql-alchemy-conn", recent.url, "--format", "json", "--progress")
     assert code == 0

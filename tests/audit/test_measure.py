@@ -6,7 +6,17 @@ import datetime as dt
 
 import pytest
 
-from airflow_deferrable_kit.audit import Event, Try, Usage, is_sensor, kit_equivalent, measure, worker_intervals
+from airflow_deferrable_kit.audit import (
+    Event,
+    Try,
+    Usage,
+    duration,
+    is_sensor,
+    kit_equivalent,
+    measure,
+    worker_intervals,
+)
+from airflow_deferrable_kit.audit._report import money
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
 KIT = "airflow_deferrable_kit.sensors."
@@ -82,13 +92,30 @@ def test_deferred_holds_the_worker_before_deferring_and_after_resuming() -> None
         attempt(0.5, 1801, queued=1799),
         events(("running", 1), ("deferred", 3), ("running", 1800), ("success", 1801)),
     )
-    assert usage == Usage("deferred", wall=1800.5, worker=2.5 + 1, segments=2, shortest=1)
+    assert usage == Usage("deferred", wall=1800.5, worker=2.5 + 1, segments=2, shortest=1, resumed=1)
+
+
+def test_resumed_counts_every_worker_run_after_the_first_deferral() -> None:
+    # Deferred twice: both later runs resumed it on a worker; end_from_trigger needs neither.
+    usage = measure(
+        attempt(0, 900, queued=899),
+        events(
+            ("running", 0.1),
+            ("deferred", 8),
+            ("running", 400),
+            ("deferred", 401),
+            ("running", 899),
+            ("success", 900.5),
+        ),
+    )
+    assert usage is not None and usage.worker == 8 + 1 + 1.5
+    assert usage.resumed == 1 + 1.5
 
 
 def test_end_from_trigger_holds_the_worker_only_before_deferring() -> None:
     # The triggerer ends the task: no second worker run, no success row from a worker.
     usage = measure(attempt(0, 600), events(("running", 0.1), ("deferred", 2)))
-    assert usage == Usage("deferred", wall=600, worker=2, segments=1, shortest=2)
+    assert usage == Usage("deferred", wall=600, worker=2, segments=1, shortest=2, resumed=0)
 
 
 def test_worker_clock_ahead_of_the_server_does_not_stretch_the_resumed_run() -> None:
@@ -116,7 +143,7 @@ def test_start_from_trigger_holds_the_worker_only_for_the_resumed_run() -> None:
     # The scheduler deferred the try itself at 0 (start_date, no log row) and queued it to
     # resume at 300: start_date is not a worker's start and must not stretch the resumed run.
     usage = measure(attempt(0, 305, queued=300), events(("running", 301), ("success", 305)))
-    assert usage == Usage("deferred", wall=305, worker=4, segments=1, shortest=4)
+    assert usage == Usage("deferred", wall=305, worker=4, segments=1, shortest=4, resumed=4)
 
 
 def test_start_and_end_from_trigger_hold_no_worker_at_all() -> None:
@@ -131,7 +158,7 @@ def test_without_log_rows_reschedule_assumes_every_poke_took_as_long_as_the_last
 
 def test_without_log_rows_a_resumed_deferral_is_spotted_by_its_late_queued_time() -> None:
     usage = measure(attempt(0, 520, queued=500), [])
-    assert usage == Usage("deferred", wall=520, worker=40, segments=2, shortest=20, estimated=True)
+    assert usage == Usage("deferred", wall=520, worker=40, segments=2, shortest=20, estimated=True, resumed=20)
 
 
 def test_tries_that_never_ran_on_a_worker_are_not_measured() -> None:
@@ -172,3 +199,27 @@ def test_kit_equivalents_by_class_name(names: tuple[str | None, ...], expected: 
 def test_sensors_are_told_apart_by_name() -> None:
     assert is_sensor("S3KeySensor") and is_sensor(None, "@task.sensor") and is_sensor("DateTimeSensorAsync")
     assert not is_sensor("PythonOperator", None) and not is_sensor(None, None)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0, "0 s"),
+        (0.002, "<0.1 s"),
+        (0.55, "0.6 s"),
+        (8.8, "8.8 s"),
+        (59.9, "59.9 s"),
+        (59.96, "1.0 min"),
+        (450, "7.5 min"),
+        (3595, "59.9 min"),
+        (3598, "1.0 h"),
+        (5437, "1.5 h"),
+        (3600 * 12_345.6, "12,345.6 h"),
+    ],
+)
+def test_durations_are_shown_in_the_unit_their_size_calls_for(seconds: float, shown: str) -> None:
+    assert duration(seconds) == shown
+
+
+def test_a_cost_too_small_for_a_cent_is_not_shown_as_zero() -> None:
+    assert [money(0), money(0.0024), money(0.005), money(1234.5)] == ["0.00", "<0.01", "0.01", "1,234.50"]

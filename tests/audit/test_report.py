@@ -11,7 +11,7 @@ import pytest
 
 from airflow_deferrable_kit.audit import Progress, Report, run_audit
 from tests.audit.conftest import MetadataDB
-from tests.audit.scenario import EXPECTED, KIT, NOW, RANKED, populate
+from tests.audit.scenario import EXPECTED, KIT, NOW, RANKED, RECOMMENDED, at, populate
 
 HOUR = 3600.0
 
@@ -158,12 +158,25 @@ def test_json_shape(filled: MetadataDB) -> None:
         "group_by",
         "rows",
         "candidates",
+        "recommendations",
         "totals",
     }
     assert data["window"] == {"days": 7, "since": "2025-06-08T12:00:00+00:00", "until": "2025-06-15T12:00:00+00:00"}
     assert data["price_per_slot_hour"] == 3
     assert len(data["candidates"]) == 3
     assert {"rank", "advice", "idle_cost", "kit_equivalent"} <= set(data["candidates"][0])
+    assert len(data["recommendations"]) == 3
+    assert data["recommendations"][0] == {
+        "dag_id": "etl",
+        "task_id": "wait_poke",
+        "operator": "S3KeySensor",
+        "modes": ["poke"],
+        "change": "deferrable",
+        "advice": KIT + "s3.S3KeySensor(deferrable=True)",
+        "saves_seconds": pytest.approx(3590),
+        "saves_cost": pytest.approx(3590 / HOUR * 3),
+        "available": True,
+    }
     assert "password" not in data["database"]
 
 
@@ -177,6 +190,111 @@ def test_table_lists_rows_totals_and_the_ranking(filled: MetadataDB) -> None:
     assert "4 more not shown" in text
     assert KIT + "s3.S3KeySensor(deferrable=True)" in text
     assert "3 of 13 runs had no state-change rows" in text
+
+
+def cells(text: str, task_id: str, heading: str | None = None) -> list[str]:
+    """The cells of ``task_id``'s line in the table (or in the section under ``heading``)."""
+    section = text.split(heading, 1)[1] if heading else text
+    line = next(line for line in section.splitlines() if f" {task_id} " in f" {line} ")
+    return [cell.strip() for cell in line.split("  ") if cell.strip()]
+
+
+def test_table_shows_each_duration_in_the_unit_its_size_calls_for(filled: MetadataDB) -> None:
+    text = audit(filled).to_table()
+    # WALL, WORKER, IDLE, COST, IDLE COST after DAG, TASK, OPERATOR, MODE, RUNS.
+    assert cells(text, "wait_poke")[5:10] == ["1.0 h", "1.0 h", "59.9 min", "1.00", "1.00"]
+    assert cells(text, "wait_map")[5:8] == ["2.0 min", "2.0 min", "1.8 min"]
+    assert cells(text, "wait_deferred")[5:10] == ["30.0 min", "3.5 s", "2.5 s", "<0.01", "<0.01"]
+    assert cells(text, "transform")[7] == "0 s"
+    assert "0.000" not in text
+    assert cells(text, "wait_resched", "Sensors worth migrating")[5:8] == ["5.5 s", "<0.01", "3.5 s"]
+
+
+def test_the_table_states_what_sensors_held_and_what_each_change_saves(filled: MetadataDB) -> None:
+    text = audit(filled).to_table()
+    assert "Sensors held worker slots for 1.5 h beyond one check per try" in text
+    assert "No sensor held" not in text
+    deferred = "Deferred sensors that could hold less"
+    assert cells(text, "wait_kafka", deferred)[3:] == [
+        "deferred",
+        "20.0 s",
+        "end_from_trigger=True (KafkaMessageSensor of this kit resumes only to return its payload; "
+        "not with commit_on_match=True)",
+    ]
+    assert cells(text, "wait_deferred", deferred)[4] == "1.0 s"
+
+
+def test_each_sensor_gets_its_next_change_and_the_worker_time_it_saves(filled: MetadataDB) -> None:
+    report = audit(filled)
+    found = [(r.key["task_id"], r.change, pytest.approx(r.saves)) for r in report.recommendations]
+    assert found == RECOMMENDED
+    assert all(r.available for r in report.recommendations)
+    # Found at once (nothing to save) and not sensors: no recommendation.
+    assert not {"wait_ready", "transform"} & {r.key["task_id"] for r in report.recommendations}
+
+
+def test_a_tiny_deferred_resume_is_stated_not_denied(metadata_db: MetadataDB) -> None:
+    """Only deferred sensors, resumed for well under a second: no poke sensor to migrate, yet the
+    resumes are worker time, so the report says how much instead of "no sensor held"."""
+    for number in range(3):
+        metadata_db.attempt(
+            "etl",
+            f"wait_{number}",
+            operator="S3KeySensor",
+            start=at(0),
+            end=at(40.3),
+            queued=at(40),
+            events=[("running", at(0.1)), ("deferred", at(2)), ("running", at(40.1)), ("success", at(40.3))],
+        )
+    report = audit(metadata_db)
+    text = report.to_table()
+    assert report.candidates == []
+    assert "No sensor held" not in text
+    assert "Sensors held worker slots for 6.0 s beyond one check per try (IDLE), none of it waiting in poke" in text
+    assert "0.000" not in text and cells(text, "TOTAL")[1:5] == ["3", "2.0 min", "6.6 s", "6.0 s"]
+    assert [(r.change, pytest.approx(r.saves)) for r in report.recommendations] == [("end_from_trigger", 0.2)] * 3
+    assert cells(text, "wait_0", "Deferred sensors that could hold less")[4] == "0.2 s"
+
+
+def test_a_sensor_that_ends_in_the_triggerer_is_told_of_asset_watchers_as_a_future_option(
+    metadata_db: MetadataDB,
+) -> None:
+    # Deferred with end_from_trigger: no resume, the triggerer ended both.
+    for task_id, operator in [
+        ("wait_s3_end_from_trigger", "S3KeySensor"),
+        ("wait_moment_end_from_trigger", "DateTimeSensor"),
+    ]:
+        events = [("running", at(0.1)), ("deferred", at(1.5))]
+        metadata_db.attempt("etl", task_id, operator=operator, start=at(0), end=at(300), events=events)
+    # Resumed on a worker for 0.2 s: a smaller saving, but one that can be had today.
+    metadata_db.attempt(
+        "etl",
+        "wait_s3_resumed",
+        operator="S3KeySensor",
+        start=at(0),
+        end=at(300.3),
+        queued=at(300),
+        events=[("running", at(0.1)), ("deferred", at(1.5)), ("running", at(300.1)), ("success", at(300.3))],
+    )
+    report = audit(metadata_db)
+    # A wall-clock moment has no event to watch for: nothing for wait_moment_end_from_trigger.
+    resumed, watcher = report.recommendations
+    assert (resumed.key["task_id"], resumed.change, resumed.available) == ("wait_s3_resumed", "end_from_trigger", True)
+    assert (watcher.key["task_id"], watcher.change, watcher.available) == (
+        "wait_s3_end_from_trigger",
+        "asset_watcher",
+        False,
+    )
+    assert (resumed.saves, watcher.saves) == (pytest.approx(0.2), pytest.approx(1.5))
+    assert watcher.advice.startswith("later: an AssetWatcher") and "not in this kit yet" in watcher.advice
+    assert [r["available"] for r in report.as_dict()["recommendations"]] == [True, False]
+    assert cells(report.to_table(), "wait_s3_end_from_trigger", "could hold less")[4:] == ["1.5 s", watcher.advice]
+
+
+def test_run_ids_narrow_the_audit_to_those_dag_runs(filled: MetadataDB) -> None:
+    assert {key[1] for key in by_task(audit(filled, days=30, run_ids=["run_old"]))} == {"wait_old"}
+    assert ("etl", "wait_old", "SqlSensor") not in by_task(audit(filled, days=30, run_ids=["run_1"]))
+    assert audit(filled, run_ids=["no_such_run"]).rows == []
 
 
 def test_progress_reports_every_batch_and_the_end(filled: MetadataDB) -> None:
