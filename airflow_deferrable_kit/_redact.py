@@ -10,6 +10,7 @@ secrets masker, so Airflow's log pipeline hides them in lines the kit did not wr
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import re
@@ -130,7 +131,27 @@ def _walk(mapping: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, A
 
 
 def _tell_airflow(forms: Iterable[str]) -> None:
-    """Hand the forms to Airflow's secrets masker for its own log pipeline (best effort)."""
+    """Hand the forms to Airflow's secrets masker for its own log pipeline (best effort).
+
+    Airflow's masker recompiles one regular expression of every secret it knows on each
+    addition (tens of milliseconds in a fresh process): inside an event loop that work goes to
+    a worker thread, never onto the loop.
+    """
+    forms = tuple(forms)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        _add_to_airflow(forms)
+        return
+    pending = loop.run_in_executor(None, _add_to_airflow, forms)
+    _handing_over.add(pending)
+    pending.add_done_callback(_handing_over.discard)
+
+
+_handing_over: set[asyncio.Future[None]] = set()
+
+
+def _add_to_airflow(forms: tuple[str, ...]) -> None:
     with contextlib.suppress(Exception):
         from airflow.sdk._shared.secrets_masker import _secrets_masker
 

@@ -123,6 +123,17 @@ def test_registered_secrets_go_to_airflows_secrets_masker_too() -> None:
     assert _secrets_masker().redact("x masked-by-airflow-too y") != "x masked-by-airflow-too y"
 
 
+async def test_inside_a_loop_airflows_masker_is_told_off_the_loop() -> None:
+    import asyncio
+
+    from airflow.sdk._shared.secrets_masker import _secrets_masker
+
+    _redact.register("masked-from-a-thread")
+    await asyncio.gather(*_redact._handing_over)
+    assert _secrets_masker().redact("x masked-from-a-thread y") != "x masked-from-a-thread y"
+    assert _redact.redact("x masked-from-a-thread y") == "x *** y"  # ours at once, in the loop
+
+
 def test_ordinary_header_values_are_not_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     # One HTTP connection with an everyday header must not mask that word in every other payload.
     from airflow_deferrable_kit._http_client import connection_headers
