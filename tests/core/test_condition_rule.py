@@ -146,27 +146,13 @@ async def test_the_rule_is_the_same_for_every_wait(
     conditions = ConditionSet.load(canonical, predicate, matchers=through.matchers)
     verdict = await conditions.evaluate(through.value_of(subject), lambda: through.subject(subject))
     assert verdict.state == expected
+    if expected != DEFAULT and verdict.decided_by is not None:
+        assert verdict.decided_by["state"] == expected
+        assert verdict.explain()
 
 
 def _value_of(subject: dict[str, Any]):
     return lambda acceptor: lookup(subject, acceptor.parts) if acceptor.matcher == "path" else MISSING
-
-
-@pytest.mark.parametrize(
-    ("success", "failure", "retry", "predicate", "subject", "expected"),
-    [row[1:] for row in RULE],
-    ids=[row[0] for row in RULE],
-)
-async def test_the_rule(
-    success: list, failure: list, retry: list, predicate: str | None, subject: dict, expected: str
-) -> None:
-    canonical = ConditionSet.canonicalise(matchers=MATCHERS, success=success, failure=failure, retry=retry)
-    conditions = ConditionSet.load(canonical, predicate, matchers=MATCHERS)
-    verdict = await conditions.evaluate(_value_of(subject), lambda: subject)
-    assert verdict.state == expected
-    if expected != DEFAULT and verdict.decided_by is not None:
-        assert verdict.decided_by["state"] == expected
-        assert verdict.explain()
 
 
 async def test_an_async_predicate_follows_the_same_contract() -> None:
