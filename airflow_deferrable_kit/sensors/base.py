@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar, NoReturn
 
@@ -32,6 +34,43 @@ SENSOR_MANAGED = frozenset(
 #: How long after the trigger's own deadline Airflow's backstop timeout fires. The trigger's
 #: timeout event normally wins; the backstop covers a trigger that never ran at all.
 BACKSTOP_GRACE = timedelta(seconds=60)
+
+
+#: How an official parameter is refused: the message naming what to use instead, or a check of its
+#: value (given the other arguments too) returning that message, or ``None`` to let it through.
+OfficialRefusal = str | Callable[[Any, Mapping[str, Any]], "str | None"]
+
+
+def unless_default(message: str, *defaults: Any) -> OfficialRefusal:
+    """Refuse an official parameter with ``message``, except at one of its official ``defaults``.
+
+    A ported DAG that spelt out the default (``verify=None``, ``fail_on_empty=False``) asks for
+    nothing this sensor does not already do, so the argument is accepted as a no-op.
+    """
+
+    def check(value: Any, arguments: Mapping[str, Any]) -> str | None:
+        same = any(value is default or (type(value) is type(default) and value == default) for default in defaults)
+        return None if same else message
+
+    return check
+
+
+def unless_empty(message: str) -> OfficialRefusal:
+    """Refuse an official parameter with ``message`` unless it is ``None`` or empty (a no-op)."""
+
+    def check(value: Any, arguments: Mapping[str, Any]) -> str | None:
+        return None if value is None or (isinstance(value, (dict, list, tuple)) and not value) else message
+
+    return check
+
+
+def if_callable(message: str) -> OfficialRefusal:
+    """Refuse a callable given under a name this sensor also takes as data (``success=``)."""
+
+    def check(value: Any, arguments: Mapping[str, Any]) -> str | None:
+        return message if callable(value) else None
+
+    return check
 
 
 class WaitFailedError(RuntimeError):
@@ -73,6 +112,15 @@ class DeferrableSensor(BaseSensorOperator):
     """
 
     trigger_class: ClassVar[type[PollingTrigger]]
+    #: The official sensor(s) this one replaces, as named in messages (``"HttpSensor"``).
+    official_sensor: ClassVar[str] = "sensor"
+    #: Official parameter names that mean the same here: official name -> this sensor's name.
+    official_aliases: ClassVar[Mapping[str, str]] = {}
+    #: Official parameters with another meaning or no equivalent, refused when the DAG is parsed
+    #: with a message naming the replacement (see :data:`OfficialRefusal`), instead of Airflow's
+    #: generic "Invalid arguments were passed". One accepted by its check is dropped, unless it is
+    #: also one of this sensor's own parameters.
+    official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {}
     #: The templated fields that may name a template file (``template_ext``); every other field,
     #: and every value nested inside one, is rendered as text even if it ends in ``.sql``.
     file_template_fields: ClassVar[tuple[str, ...]] = ()
@@ -130,6 +178,50 @@ class DeferrableSensor(BaseSensorOperator):
             require_extra(trigger_class.extra, *trigger_class.extra_modules, needed_by=type(self).__name__)
         if not is_unresolved([getattr(self, name) for name in names]):
             self.build_trigger(deadline=None)  # validates every argument at DAG parse
+
+    # ------------------------------------------------------- the official sensors' names
+    def _hook_apply_defaults(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Airflow's hook before each ``__init__`` of the hierarchy: official names are translated.
+
+        It runs before the subclass's own ``__init__`` sees the arguments, so an alias fills the
+        parameter itself (``request_params`` -> ``query``), not a default the subclass already set.
+        """
+        return args, type(self).translate_official_arguments(kwargs)
+
+    @classmethod
+    def translate_official_arguments(cls, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with official aliases renamed; a refused official parameter raises TypeError."""
+        arguments = dict(kwargs)
+        where = f"{cls.__name__} (task_id={arguments.get('task_id')!r})"
+        for name, refusal in cls.official_refusals.items():
+            if name not in arguments:
+                continue
+            message = refusal if isinstance(refusal, str) else refusal(arguments[name], arguments)
+            if message is not None:
+                raise TypeError(f"{where}: {name}= of the official {cls.official_sensor} is not supported: {message}")
+            if name not in cls.accepted_parameter_names():
+                del arguments[name]
+        for official, own in cls.official_aliases.items():
+            if official not in arguments:
+                continue
+            if own in arguments:
+                raise TypeError(f"{where}: {own}= and its official name {official}= are the same parameter; give one")
+            arguments[own] = arguments.pop(official)
+        return arguments
+
+    @classmethod
+    @functools.cache
+    def accepted_parameter_names(cls) -> frozenset[str]:
+        """Every keyword this sensor's constructors take, its own and Airflow's, by their names here."""
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None or klass is object:
+                continue
+            for parameter in inspect.signature(init).parameters.values():
+                if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) and parameter.name != "self":
+                    names.add(parameter.name)
+        return frozenset(names)
 
     # ------------------------------------------------------------------- the parameters
     @classmethod

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from airflow_deferrable_kit.sensors.base import DeferrableSensor
+from airflow_deferrable_kit.sensors.base import DeferrableSensor, OfficialRefusal, unless_default
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
 
 
@@ -27,6 +28,33 @@ class S3KeySensor(DeferrableSensor):
     """
 
     trigger_class = S3KeyTrigger
+    official_sensor = "S3KeySensor"
+    official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {
+        "check_fn": (
+            "a callable cannot cross to the triggerer; for a size rule use min_size=, for another rule write "
+            "your own wait (docs/writing-your-own-wait.md)"
+        ),
+        "use_regex": unless_default(
+            "keys are matched with fnmatch patterns: use wildcard_match=True with a pattern such as "
+            "'data/*/part-*.parquet'",
+            False,
+        ),
+        "metadata_keys": unless_default(
+            "the success payload always carries bucket, key, size, etag and last_modified of each object; "
+            "other HeadObject metadata is not fetched",
+            None,
+        ),
+        "verify": unless_default(
+            "set 'verify' (true, false or a CA bundle path) in the extras of the aws connection: the triggerer "
+            "builds its client from aws_conn_id alone",
+            None,
+        ),
+        "region_name": unless_default("set 'region_name' in the extras of the aws connection", None),
+        "region": unless_default("set 'region_name' in the extras of the aws connection", None),
+        "botocore_config": unless_default(
+            "set botocore options in the extra 'config_kwargs' of the aws connection", None
+        ),
+    }
     template_fields = ("bucket_key", "bucket_name", "aws_conn_id")
     ui_color = "#ffd8b1"
 
