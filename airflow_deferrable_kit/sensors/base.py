@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import functools
 import inspect
+import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar, NoReturn
@@ -25,7 +27,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, T
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT
-from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after
+from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after, parse_deadline
 
 #: Parameters of :class:`PollingTrigger` that the sensor fills in itself.
 SENSOR_MANAGED = frozenset(
@@ -173,6 +175,12 @@ class DeferrableSensor(BaseSensorOperator):
         self.check_before_defer = check_before_defer
         self.end_from_trigger = end_from_trigger
         self.max_backoff = max_backoff
+        if end_from_trigger and self.checks_in_worker():
+            raise ValueError(
+                f"{type(self).__name__} (task_id={self.task_id!r}): end_from_trigger=True cannot be combined with "
+                f"a callable checked in the worker ({self.checks_in_worker()}): the triggerer would end the task "
+                "without it"
+            )
         trigger_class = self.trigger_class
         if trigger_class.extra is not None:
             require_extra(trigger_class.extra, *trigger_class.extra_modules, needed_by=type(self).__name__)
@@ -297,6 +305,55 @@ class DeferrableSensor(BaseSensorOperator):
         finally:
             self.template_fields = saved
 
+    # ------------------------------------------------------------- the worker's last word
+    def checks_in_worker(self) -> str | None:
+        """The name of a callable this sensor runs in the worker on each success, or ``None``.
+
+        The official sensors' callables (``check_fn``) cannot cross to the triggerer: the trigger
+        finds candidates, and on resume :meth:`accepts_in_worker` has the last word.
+        """
+        return None
+
+    def accepts_in_worker(self, payload: dict[str, Any], context: Context) -> bool:
+        """Whether a success the trigger found stands; ``False`` waits on, within the same deadline."""
+        return True
+
+    def _stands(self, payload: dict[str, Any] | None, context: Context) -> bool:
+        if not isinstance(payload, dict) or payload.get("status") != SUCCESS or self.checks_in_worker() is None:
+            return True
+        accepted = bool(self.accepts_in_worker(payload, context))
+        if not accepted:
+            self.log.info("%s said not yet to what the trigger found: %s", self.checks_in_worker(), payload)
+        return accepted
+
+    def pause_then_defer(self, deadline: str) -> NoReturn:
+        """Wait one ``poke_interval`` (in the triggerer) before deferring to the wait again.
+
+        The candidates the worker's check refused are most likely still there, so deferring at
+        once would resume the task at once, in a loop of worker slots until the deadline.
+        """
+        from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
+
+        wake = min(parse_deadline(deadline), time.time() + float(self.poke_interval))
+        trigger = DateTimeTrigger(
+            target_time=dt.datetime.fromtimestamp(wake, tz=dt.timezone.utc).isoformat(),
+            poll_interval=max(float(self.poke_interval), 1.0),
+            deadline=deadline,
+        )
+        left = max(trigger.seconds_left() or 0.0, 0.0)
+        self.defer(
+            trigger=trigger,
+            method_name="resume_after_pause",
+            kwargs={"deadline": deadline},
+            timeout=timedelta(seconds=left) + BACKSTOP_GRACE,
+        )
+
+    def resume_after_pause(self, context: Context, event: dict[str, Any], deadline: str) -> Any:
+        """After :meth:`pause_then_defer`: wait again, or end on the deadline that passed meanwhile."""
+        if isinstance(event, dict) and event.get("status") == SUCCESS:
+            self.defer_until(deadline)
+        return self.finish(event)
+
     # ------------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
@@ -305,6 +362,8 @@ class DeferrableSensor(BaseSensorOperator):
         if self.check_before_defer:
             payload = self._poll_in_worker()
             if payload is not None:
+                if not self._stands(payload, context):
+                    self.pause_then_defer(deadline)
                 return self.finish(payload)
         self.defer_until(deadline)
 
@@ -320,12 +379,17 @@ class DeferrableSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any], deadline: str | None = None) -> Any:
-        """Resume from the trigger: the payload becomes the XCom, or the task fails / skips."""
+        """Resume from the trigger: the payload becomes the XCom, or the task fails / skips.
+
+        A success the worker's check refuses waits on, after a pause, within the same deadline.
+        """
+        if deadline is not None and not self._stands(event, context):
+            self.pause_then_defer(deadline)
         return self.finish(event)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         payload = self._poll_in_worker()
-        if payload is None:
+        if payload is None or not self._stands(payload, context):
             return False
         return PokeReturnValue(is_done=True, xcom_value=self.finish(payload))
 

@@ -138,7 +138,6 @@ REFUSED = [
         {"sql": "SELECT 1", "hook_params": {"log_sql": False}},
         r"hook_params=.*postgres_conn_id",
     ),
-    (S3KeySensor, {"bucket_key": KEY, "check_fn": lambda files: True}, r"check_fn=.*min_size="),
     (S3KeySensor, {"bucket_key": KEY, "use_regex": True}, r"use_regex=.*wildcard_match=True"),
     (S3KeySensor, {"bucket_key": KEY, "metadata_keys": ["*"]}, r"metadata_keys=.*etag"),
     (S3KeySensor, {"bucket_key": KEY, "verify": False}, r"verify=.*extras of the aws connection"),
