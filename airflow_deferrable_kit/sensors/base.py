@@ -11,7 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import datetime as dt
+import functools
+import inspect
+import time
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar, NoReturn
 
@@ -23,7 +27,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, T
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT
-from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after
+from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after, parse_deadline
 
 #: Parameters of :class:`PollingTrigger` that the sensor fills in itself.
 SENSOR_MANAGED = frozenset(
@@ -32,6 +36,43 @@ SENSOR_MANAGED = frozenset(
 #: How long after the trigger's own deadline Airflow's backstop timeout fires. The trigger's
 #: timeout event normally wins; the backstop covers a trigger that never ran at all.
 BACKSTOP_GRACE = timedelta(seconds=60)
+
+
+#: How an official parameter is refused: the message naming what to use instead, or a check of its
+#: value (given the other arguments too) returning that message, or ``None`` to let it through.
+OfficialRefusal = str | Callable[[Any, Mapping[str, Any]], "str | None"]
+
+
+def unless_default(message: str, *defaults: Any) -> OfficialRefusal:
+    """Refuse an official parameter with ``message``, except at one of its official ``defaults``.
+
+    A ported DAG that spelt out the default (``verify=None``, ``fail_on_empty=False``) asks for
+    nothing this sensor does not already do, so the argument is accepted as a no-op.
+    """
+
+    def check(value: Any, arguments: Mapping[str, Any]) -> str | None:
+        same = any(value is default or (type(value) is type(default) and value == default) for default in defaults)
+        return None if same else message
+
+    return check
+
+
+def unless_empty(message: str) -> OfficialRefusal:
+    """Refuse an official parameter with ``message`` unless it is ``None`` or empty (a no-op)."""
+
+    def check(value: Any, arguments: Mapping[str, Any]) -> str | None:
+        return None if value is None or (isinstance(value, (dict, list, tuple)) and not value) else message
+
+    return check
+
+
+def if_callable(message: str) -> OfficialRefusal:
+    """Refuse a callable given under a name this sensor also takes as data (``success=``)."""
+
+    def check(value: Any, arguments: Mapping[str, Any]) -> str | None:
+        return message if callable(value) else None
+
+    return check
 
 
 class WaitFailedError(RuntimeError):
@@ -73,6 +114,15 @@ class DeferrableSensor(BaseSensorOperator):
     """
 
     trigger_class: ClassVar[type[PollingTrigger]]
+    #: The official sensor(s) this one replaces, as named in messages (``"HttpSensor"``).
+    official_sensor: ClassVar[str] = "sensor"
+    #: Official parameter names that mean the same here: official name -> this sensor's name.
+    official_aliases: ClassVar[Mapping[str, str]] = {}
+    #: Official parameters with another meaning or no equivalent, refused when the DAG is parsed
+    #: with a message naming the replacement (see :data:`OfficialRefusal`), instead of Airflow's
+    #: generic "Invalid arguments were passed". One accepted by its check is dropped, unless it is
+    #: also one of this sensor's own parameters.
+    official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {}
     #: The templated fields that may name a template file (``template_ext``); every other field,
     #: and every value nested inside one, is rendered as text even if it ends in ``.sql``.
     file_template_fields: ClassVar[tuple[str, ...]] = ()
@@ -125,11 +175,61 @@ class DeferrableSensor(BaseSensorOperator):
         self.check_before_defer = check_before_defer
         self.end_from_trigger = end_from_trigger
         self.max_backoff = max_backoff
+        if end_from_trigger and self.checks_in_worker():
+            raise ValueError(
+                f"{type(self).__name__} (task_id={self.task_id!r}): end_from_trigger=True cannot be combined with "
+                f"a callable checked in the worker ({self.checks_in_worker()}): the triggerer would end the task "
+                "without it"
+            )
         trigger_class = self.trigger_class
         if trigger_class.extra is not None:
             require_extra(trigger_class.extra, *trigger_class.extra_modules, needed_by=type(self).__name__)
         if not is_unresolved([getattr(self, name) for name in names]):
             self.build_trigger(deadline=None)  # validates every argument at DAG parse
+
+    # ------------------------------------------------------- the official sensors' names
+    def _hook_apply_defaults(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Airflow's hook before each ``__init__`` of the hierarchy: official names are translated.
+
+        It runs before the subclass's own ``__init__`` sees the arguments, so an alias fills the
+        parameter itself (``request_params`` -> ``query``), not a default the subclass already set.
+        """
+        return args, type(self).translate_official_arguments(kwargs)
+
+    @classmethod
+    def translate_official_arguments(cls, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with official aliases renamed; a refused official parameter raises TypeError."""
+        arguments = dict(kwargs)
+        where = f"{cls.__name__} (task_id={arguments.get('task_id')!r})"
+        for name, refusal in cls.official_refusals.items():
+            if name not in arguments:
+                continue
+            message = refusal if isinstance(refusal, str) else refusal(arguments[name], arguments)
+            if message is not None:
+                raise TypeError(f"{where}: {name}= of the official {cls.official_sensor} is not supported: {message}")
+            if name not in cls.accepted_parameter_names():
+                del arguments[name]
+        for official, own in cls.official_aliases.items():
+            if official not in arguments:
+                continue
+            if own in arguments:
+                raise TypeError(f"{where}: {own}= and its official name {official}= are the same parameter; give one")
+            arguments[own] = arguments.pop(official)
+        return arguments
+
+    @classmethod
+    @functools.cache
+    def accepted_parameter_names(cls) -> frozenset[str]:
+        """Every keyword this sensor's constructors take, its own and Airflow's, by their names here."""
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None or klass is object:
+                continue
+            for parameter in inspect.signature(init).parameters.values():
+                if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) and parameter.name != "self":
+                    names.add(parameter.name)
+        return frozenset(names)
 
     # ------------------------------------------------------------------- the parameters
     @classmethod
@@ -205,6 +305,55 @@ class DeferrableSensor(BaseSensorOperator):
         finally:
             self.template_fields = saved
 
+    # ------------------------------------------------------------- the worker's last word
+    def checks_in_worker(self) -> str | None:
+        """The name of a callable this sensor runs in the worker on each success, or ``None``.
+
+        The official sensors' callables (``check_fn``) cannot cross to the triggerer: the trigger
+        finds candidates, and on resume :meth:`accepts_in_worker` has the last word.
+        """
+        return None
+
+    def accepts_in_worker(self, payload: dict[str, Any], context: Context) -> bool:
+        """Whether a success the trigger found stands; ``False`` waits on, within the same deadline."""
+        return True
+
+    def _stands(self, payload: dict[str, Any] | None, context: Context) -> bool:
+        if not isinstance(payload, dict) or payload.get("status") != SUCCESS or self.checks_in_worker() is None:
+            return True
+        accepted = bool(self.accepts_in_worker(payload, context))
+        if not accepted:
+            self.log.info("%s said not yet to what the trigger found: %s", self.checks_in_worker(), payload)
+        return accepted
+
+    def pause_then_defer(self, deadline: str) -> NoReturn:
+        """Wait one ``poke_interval`` (in the triggerer) before deferring to the wait again.
+
+        The candidates the worker's check refused are most likely still there, so deferring at
+        once would resume the task at once, in a loop of worker slots until the deadline.
+        """
+        from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
+
+        wake = min(parse_deadline(deadline), time.time() + float(self.poke_interval))
+        trigger = DateTimeTrigger(
+            target_time=dt.datetime.fromtimestamp(wake, tz=dt.timezone.utc).isoformat(),
+            poll_interval=max(float(self.poke_interval), 1.0),
+            deadline=deadline,
+        )
+        left = max(trigger.seconds_left() or 0.0, 0.0)
+        self.defer(
+            trigger=trigger,
+            method_name="resume_after_pause",
+            kwargs={"deadline": deadline},
+            timeout=timedelta(seconds=left) + BACKSTOP_GRACE,
+        )
+
+    def resume_after_pause(self, context: Context, event: dict[str, Any], deadline: str) -> Any:
+        """After :meth:`pause_then_defer`: wait again, or end on the deadline that passed meanwhile."""
+        if isinstance(event, dict) and event.get("status") == SUCCESS:
+            self.defer_until(deadline)
+        return self.finish(event)
+
     # ------------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
@@ -213,6 +362,8 @@ class DeferrableSensor(BaseSensorOperator):
         if self.check_before_defer:
             payload = self._poll_in_worker()
             if payload is not None:
+                if not self._stands(payload, context):
+                    self.pause_then_defer(deadline)
                 return self.finish(payload)
         self.defer_until(deadline)
 
@@ -228,12 +379,17 @@ class DeferrableSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any], deadline: str | None = None) -> Any:
-        """Resume from the trigger: the payload becomes the XCom, or the task fails / skips."""
+        """Resume from the trigger: the payload becomes the XCom, or the task fails / skips.
+
+        A success the worker's check refuses waits on, after a pause, within the same deadline.
+        """
+        if deadline is not None and not self._stands(event, context):
+            self.pause_then_defer(deadline)
         return self.finish(event)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         payload = self._poll_in_worker()
-        if payload is None:
+        if payload is None or not self._stands(payload, context):
             return False
         return PokeReturnValue(is_done=True, xcom_value=self.finish(payload))
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_deferrable_kit.conditions import Acceptor, ConditionSet
-from airflow_deferrable_kit.sensors.base import DeferrableSensor, is_unresolved
+from airflow_deferrable_kit.sensors.base import (
+    DeferrableSensor,
+    OfficialRefusal,
+    is_unresolved,
+    unless_default,
+    unless_empty,
+)
 from airflow_deferrable_kit.triggers.http import (
     DEFAULT_EXCERPT_CHARS,
     DEFAULT_MAX_BODY_BYTES,
@@ -20,6 +26,12 @@ from airflow_deferrable_kit.triggers.http import (
 def _refine_unless_templated(acceptor: Acceptor, where: str) -> Acceptor:
     """HTTP's status rule now; a status still templated is checked by the trigger once rendered."""
     return acceptor if is_unresolved(acceptor.expected) else refine_status(acceptor, where)
+
+
+_KEEP_ALIVE = (
+    "the TCP keep-alive options of requests have no equivalent: the triggerer's shared aiohttp pool keeps "
+    "idle connections open between polls and closes them after 30 s; remove the argument"
+)
 
 
 class HttpBatchReadySensor(DeferrableSensor):
@@ -44,6 +56,31 @@ class HttpBatchReadySensor(DeferrableSensor):
     """
 
     trigger_class = HttpBatchReadyTrigger
+    official_sensor = "HttpSensor"
+    official_aliases = {"request_params": "query", "response_error_codes_allowlist": "not_yet_codes"}
+    official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {
+        "headers": unless_empty(
+            "put headers in the connection extras (each extra key other than the options is sent as a header, "
+            "or an extra 'headers' object): as an argument they would be stored in plain text in the trigger table"
+        ),
+        "response_check": (
+            "a callable cannot cross to the triggerer; declare readiness as data with success=[...], "
+            "failure=[...] or retry=[...], or name a function with predicate='pkg.module:function' "
+            "(it receives a dict with status_code, headers, text and json)"
+        ),
+        "extra_options": unless_empty(
+            "set TLS and proxy in the connection extras ('verify', 'proxy' or 'proxies') and the request "
+            "timeout with request_timeout=; other requests options have no equivalent"
+        ),
+        "request_kwargs": unless_empty(
+            "pass a JSON body as json_body= and query parameters as query=; TLS, proxy and headers go in the "
+            "connection extras ('verify', 'proxy', header keys)"
+        ),
+        "tcp_keep_alive": unless_default(_KEEP_ALIVE, True),
+        "tcp_keep_alive_idle": unless_default(_KEEP_ALIVE, 120),
+        "tcp_keep_alive_count": unless_default(_KEEP_ALIVE, 20),
+        "tcp_keep_alive_interval": unless_default(_KEEP_ALIVE, 30),
+    }
     template_fields: Sequence[str] = ("http_conn_id", "endpoint", "method", "query", "json_body", "acceptors")
     template_fields_renderers = {"query": "json", "json_body": "json", "acceptors": "json"}
 
@@ -60,7 +97,7 @@ class HttpBatchReadySensor(DeferrableSensor):
         retry: Sequence[Mapping[str, Any]] | None = None,
         acceptors: Sequence[Mapping[str, Any]] | None = None,
         predicate: str | None = None,
-        not_yet_codes: Sequence[int] | None = None,
+        not_yet_codes: Sequence[int | str] | None = None,
         select: Sequence[str] | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,

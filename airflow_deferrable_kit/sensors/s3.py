@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
-from airflow_deferrable_kit.sensors.base import DeferrableSensor
+from airflow.sdk import Context
+
+from airflow_deferrable_kit.sensors.base import DeferrableSensor, OfficialRefusal, unless_default
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
 
 
@@ -19,6 +23,10 @@ class S3KeySensor(DeferrableSensor):
     :param min_size: only objects of at least this many bytes count.
     :param aws_conn_id: Airflow ``aws`` connection (templated); ``None`` for the default
         credential chain.
+    :param check_fn: the official sensor's callable, run in the worker on what the trigger found:
+        ``check_fn(files)`` or ``check_fn(files, **context)``, ``files`` a list of
+        ``{"Key", "Size", ...}``. A falsy answer waits on (after one ``poke_interval``) within the
+        same ``timeout``. Not with ``end_from_trigger=True``.
 
     Success returns ``{"status": "success", "keys": [{"bucket", "key", "size", "etag",
     "last_modified"}, ...], "keys_not_listed": N}``. A missing bucket, a 403 or rejected
@@ -27,6 +35,29 @@ class S3KeySensor(DeferrableSensor):
     """
 
     trigger_class = S3KeyTrigger
+    official_sensor = "S3KeySensor"
+    official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {
+        "use_regex": unless_default(
+            "keys are matched with fnmatch patterns: use wildcard_match=True with a pattern such as "
+            "'data/*/part-*.parquet'",
+            False,
+        ),
+        "metadata_keys": unless_default(
+            "the success payload always carries bucket, key, size, etag and last_modified of each object; "
+            "other HeadObject metadata is not fetched",
+            None,
+        ),
+        "verify": unless_default(
+            "set 'verify' (true, false or a CA bundle path) in the extras of the aws connection: the triggerer "
+            "builds its client from aws_conn_id alone",
+            None,
+        ),
+        "region_name": unless_default("set 'region_name' in the extras of the aws connection", None),
+        "region": unless_default("set 'region_name' in the extras of the aws connection", None),
+        "botocore_config": unless_default(
+            "set botocore options in the extra 'config_kwargs' of the aws connection", None
+        ),
+    }
     template_fields = ("bucket_key", "bucket_name", "aws_conn_id")
     ui_color = "#ffd8b1"
 
@@ -44,8 +75,12 @@ class S3KeySensor(DeferrableSensor):
         wildcard_match: bool = False,
         min_size: int | None = None,
         aws_conn_id: str | None = "aws_default",
+        check_fn: Callable[..., bool] | None = None,
         **kwargs: Any,
     ) -> None:
+        if check_fn is not None and not callable(check_fn):
+            raise TypeError(f"check_fn must be a callable taking the list of matched objects, got {check_fn!r}")
+        self.check_fn = check_fn
         super().__init__(
             bucket_key=bucket_key,
             bucket_name=bucket_name,
@@ -54,6 +89,32 @@ class S3KeySensor(DeferrableSensor):
             aws_conn_id=aws_conn_id,
             **kwargs,
         )
+
+    def checks_in_worker(self) -> str | None:
+        return "check_fn" if self.check_fn is not None else None
+
+    def accepts_in_worker(self, payload: dict[str, Any], context: Context) -> bool:
+        """The official ``check_fn(files)`` (or ``check_fn(files, **context)``) on the matched objects.
+
+        ``files`` has the official shape, one dict per object with ``Key`` and ``Size`` (plus
+        ``ETag``, ``LastModified`` and ``Bucket``), so a function written for the official sensor
+        runs unchanged. A falsy answer waits on within the same timeout.
+        """
+        assert self.check_fn is not None
+        files = [
+            {
+                "Key": item["key"],
+                "Size": item["size"],
+                "ETag": item.get("etag"),
+                "LastModified": item.get("last_modified"),
+                "Bucket": item.get("bucket"),
+            }
+            for item in payload.get("keys", [])
+        ]
+        parameters = inspect.signature(self.check_fn).parameters.values()
+        if any(parameter.kind == inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+            return bool(self.check_fn(files, **context))
+        return bool(self.check_fn(files))
 
     def trigger_params(self) -> dict[str, Any]:
         params = super().trigger_params()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from airflow_deferrable_kit.sensors.base import DeferrableSensor
+from airflow_deferrable_kit.sensors.base import DeferrableSensor, OfficialRefusal, unless_default
 from airflow_deferrable_kit.triggers.base import in_utc
 from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
 
@@ -41,6 +42,17 @@ class DateTimeSensor(DeferrableSensor):
     """
 
     trigger_class = DateTimeTrigger
+    official_sensor = "DateTimeSensorAsync"
+    official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {
+        "start_from_trigger": unless_default(
+            "the wait starts in the worker, which renders and checks target_time, fixes the absolute deadline "
+            "of timeout and looks once before deferring; pass check_before_defer=False to defer at once",
+            False,
+        ),
+        "trigger_kwargs": unless_default(
+            "it only feeds start_from_trigger, which is not supported; target_time is the one argument", None
+        ),
+    }
     template_fields = ("target_time",)
     target_time: str | dt.datetime
 
