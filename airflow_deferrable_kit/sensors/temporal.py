@@ -211,8 +211,9 @@ class TimeSensor(RunMomentSensor):
     :param target_time: a naive ``datetime.time`` or an ISO 8601 time (``"18:30"``, templated).
         The date is that of the run's ``data_interval_end`` (else ``run_after``) in the DAG's
         timezone, so a late or backfilled run waits for its own date's time, which has passed.
-        A time a DST change skips is read with the offset before the change (02:30 on a
-        spring-forward night is 03:30 of the new offset); one it repeats is its first occurrence.
+        As officially, a time a DST change skips takes the offset after the change (02:30 on
+        Amsterdam's spring-forward night is 02:30+02:00, 00:30 UTC); one it repeats is its first
+        occurrence.
     """
 
     official_sensor = "TimeSensor"
@@ -242,7 +243,7 @@ class TimeSensor(RunMomentSensor):
 
         if self.has_dag():
             return self.dag.timezone
-        zone = timezone.make_aware(dt.datetime(2000, 1, 1)).tzinfo
+        zone = timezone.coerce_datetime(dt.datetime(2000, 1, 1)).tzinfo
         assert zone is not None
         return zone
 
