@@ -290,3 +290,20 @@ def test_the_deferral_carries_one_total_budget() -> None:
         sensor.execute(make_context(sensor, data_interval_end=FUTURE_END))
     assert info.value.trigger.deadline is not None
     assert info.value.kwargs == {"deadline": info.value.trigger.deadline}
+
+
+# ----------------------------------------------------------------------------- example DAG
+def test_the_example_dag_parses_with_the_time_waits() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "dags" / "example_datetime.py"
+    spec = importlib.util.spec_from_file_location("example_datetime_dag", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tasks = {task.task_id: task for task in module.dag.tasks}
+    assert isinstance(tasks["at_half_past_six"], TimeSensor)
+    sensor = tasks["at_half_past_six"]
+    sensor.fix_target(make_context(sensor, data_interval_end=utc(2026, 7, 1, 22)))  # 00:00 CEST on 2 July
+    assert sensor._target_time == "2026-07-02T16:30:00+00:00"
