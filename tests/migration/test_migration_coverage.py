@@ -18,7 +18,7 @@ from airflow_deferrable_kit.sensors.base import DeferrableSensor
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
 from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
-from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
+from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor, TimeSensor, WaitSensor
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFICIAL = ROOT / "tests" / "fixtures" / "official"
@@ -41,9 +41,9 @@ OFFICIAL_SENSORS = [
     Official("common_sql/sql.py", "SqlSensor", PostgresBatchMarkerSensor),
     Official("standard/date_time.py", "DateTimeSensor", DateTimeSensor),
     Official("standard/date_time.py", "DateTimeSensorAsync", DateTimeSensor),
-    Official("standard/time_delta.py", "TimeDeltaSensor", None),
-    Official("standard/time_delta.py", "WaitSensor", None),
-    Official("standard/time.py", "TimeSensor", None),
+    Official("standard/time_delta.py", "TimeDeltaSensor", TimeDeltaSensor),
+    Official("standard/time_delta.py", "WaitSensor", WaitSensor),
+    Official("standard/time.py", "TimeSensor", TimeSensor),
 ]
 
 
