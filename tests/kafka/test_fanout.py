@@ -13,7 +13,7 @@ from aiokafka import TopicPartition
 from airflow_deferrable_kit import _kafka_fanout
 from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Waiter
 from airflow_deferrable_kit._kafka_messages import canonical_acceptors
-from airflow_deferrable_kit._kafka_reader import TopicReader
+from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
 from tests.kafka.fakes import record, spec
 
 TP = TopicPartition("t", 0)
@@ -31,7 +31,8 @@ def waiter_for(key: str, cursor: int, reader: TopicReader) -> Waiter:
 
 
 def reader_at(position: int) -> TopicReader:
-    reader = TopicReader("conn", "t", {})
+    """Topic ``t``'s hand-out on a connection that never talks to a broker (nothing joined)."""
+    reader = TopicReader(ConnectionReader("conn", {}), "t")
     reader.positions[TP] = position
     return reader
 
