@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import _kafka_catchup, _kafka_fanout, _kafka_messages, _kafka_reader, clients
-from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
+from airflow_deferrable_kit import _kafka_catchup, _kafka_fanout, _kafka_messages, clients
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.testing import run_trigger, watch_blocking
@@ -21,79 +20,21 @@ from tests.kafka.conftest import (
     broker_sockets,
     commit,
     committed,
+    count_consumers,
     create_topic,
     eventually,
     hours_ago,
+    key_is,
+    make,
+    path_is,
     produce,
+    produce_elsewhere,
+    reader_for,
+    recreate_topic,
     set_connection,
     unique,
+    waiting,
 )
-
-
-def make(topic: str | list[str], conn: str, **kwargs: Any) -> KafkaMessageTrigger:
-    kwargs.setdefault("poll_interval", 0.1)
-    return KafkaMessageTrigger(topics=[topic] if isinstance(topic, str) else topic, kafka_conn_id=conn, **kwargs)
-
-
-def key_is(value: str, state: str = "success") -> dict[str, Any]:
-    return {"state": state, "matcher": "key", "comparator": "equals", "expected": value}
-
-
-def path_is(path: str, value: Any, state: str = "success", comparator: str = "equals") -> dict[str, Any]:
-    return {"state": state, "matcher": "path", "argument": path, "comparator": comparator, "expected": value}
-
-
-async def produce_elsewhere(bootstrap: str, topic: str, *messages: Message) -> list[tuple[int, int]]:
-    """Produce from another thread and loop, so the producer's own work is not measured as ours."""
-    return await asyncio.to_thread(asyncio.run, produce(bootstrap, topic, *messages))
-
-
-async def waiting(trigger: KafkaMessageTrigger, topic: str) -> asyncio.Future[Any]:
-    """Run ``trigger`` to its event in the background; return once it waits on ``topic``'s reader."""
-    task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
-    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
-    return task
-
-
-async def recreate_topic(bootstrap: str, name: str, partitions: int) -> None:
-    """Grow a topic's partition set: tansu 0.6 has no CreatePartitions, so delete and recreate it;
-    the reader sees the new partitions appear, as after a real partition add."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([name])
-    finally:
-        await admin.close()
-    await create_topic(bootstrap, name, partitions=partitions)
-
-
-def count_consumers(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The settings of every consumer the shared readers start from now on (fetch, lookups, catch-up)."""
-    started: list[dict[str, Any]] = []
-    for module in (_kafka_reader, _kafka_catchup):
-        original = module.start_consumer
-
-        async def counting(options: Any, *, _original: Any = original, **kwargs: Any) -> Any:
-            started.append(kwargs)
-            return await _original(options, **kwargs)
-
-        monkeypatch.setattr(module, "start_consumer", counting)
-    return started
-
-
-def connection_for(conn: str) -> ConnectionReader:
-    """The shared reader of every wait on ``conn`` in this process."""
-    entry = clients._registry()[("kafka-connection", conn)]
-    connection = entry.creating.result()
-    assert isinstance(connection, ConnectionReader)
-    return connection
-
-
-def reader_for(conn: str, topic: str) -> TopicReader:
-    """The hand-out of ``topic`` on ``conn``'s shared reader."""
-    return connection_for(conn).topics[topic]
 
 
 # ------------------------------------------------------------------------------- matching
