@@ -194,6 +194,12 @@ def _sasl_broke_off(exc: BaseException) -> FatalError:
     )
 
 
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` once (aiokafka's errors already start their text with their type)."""
+    text = str(exc)
+    return text if text.startswith(type(exc).__name__) else describe_exception(exc)
+
+
 def _is_network(exc: BaseException) -> bool:
     error = classify_kafka_error(exc)
     return isinstance(error, TransientError) or isinstance(exc, (OSError, asyncio.TimeoutError))
@@ -236,7 +242,7 @@ async def bootstrap_error(options: Mapping[str, Any], failed: BootstrapFailed) -
             )
     if failed.failures:
         return TransientError(
-            f"cannot reach the bootstrap servers {servers}: {describe_exception(failed.failures[-1])}",
+            f"cannot reach the bootstrap servers {servers}: {_describe(failed.failures[-1])}",
             error_type=ErrorType.UNAVAILABLE,
         )
     return TransientError(
@@ -476,7 +482,7 @@ def _scoped_client_class() -> type:
                         raise
                     failures.append(exc)
                     if gate is not None:
-                        gate.failed(describe_exception(exc))
+                        gate.failed(_describe(exc))
                     continue
                 if gate is not None:
                     gate.succeeded()

@@ -107,8 +107,9 @@ class TopicReader(FanOut):
         self.connection.catch_ups.add(self, waiter)
 
     def fail(self, error: WaitError) -> None:
+        """End every wait on this topic with ``error`` (each wait logs its own outcome)."""
         if self.fatal is None:
-            log.error("Kafka topic %s on %s failed: %s", self.topic, self.conn_id, redact(error.message))
+            log.debug("Kafka topic %s on %s failed: %s", self.topic, self.conn_id, redact(error.message))
         self.fatal = error
         self.resolved.set()
         for waiter in self.everyone():
@@ -295,7 +296,11 @@ class ConnectionReader:
                     f"unexpected {describe_exception(exc)}", error_type=ErrorType.INTERNAL
                 )
                 if not isinstance(error, TransientError):
-                    for reader in list(self._pending.values()) if admitting else list(self.topics.values()):
+                    failed = list(self._pending.values()) if admitting else list(self.topics.values())
+                    log.error(
+                        "Kafka reader for %s: %d topic(s) failed: %s", self.conn_id, len(failed), redact(error.message)
+                    )
+                    for reader in failed:
                         reader.fail(error)
                         self._pending.pop(reader.topic, None)
                     continue
@@ -437,6 +442,7 @@ class ConnectionReader:
                     f"unexpected {describe_exception(exc)}", error_type=ErrorType.INTERNAL
                 )
                 if not isinstance(error, TransientError):
+                    log.error("Kafka reader for %s failed: %s", self.conn_id, redact(error.message))
                     for reader in list(self.topics.values()):
                         reader.fail(error)
                     return

@@ -110,7 +110,9 @@ class KafkaMessageSensor(DeferrableSensor):
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            topics=[topics] if isinstance(topics, str) else list(topics),
+            # Anything but a name or a list of names (None, 7, a dict) goes on as given, for the
+            # trigger's validation to refuse naming the argument.
+            topics=[topics] if isinstance(topics, str) else list(topics) if isinstance(topics, tuple) else topics,
             kafka_conn_id=kafka_conn_id,
             acceptors=canonical_acceptors(acceptors=acceptors, success=success, failure=failure),
             predicate=predicate,

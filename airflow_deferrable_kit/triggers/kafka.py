@@ -126,6 +126,8 @@ class KafkaMessageTrigger(PollingTrigger):
     def validate(self) -> None:
         if isinstance(self.topics, str):
             self.topics = [self.topics]
+        elif isinstance(self.topics, tuple):
+            self.topics = list(self.topics)
         if (
             not isinstance(self.topics, list)
             or not self.topics
@@ -140,8 +142,8 @@ class KafkaMessageTrigger(PollingTrigger):
                     f"topics: {topic!r} is not a legal Kafka topic name "
                     "(1-249 characters of letters, digits, '.', '_' and '-')"
                 )
-        if not isinstance(self.kafka_conn_id, str) or not self.kafka_conn_id:
-            raise ValueError(f"kafka_conn_id must be a non-empty string, got {self.kafka_conn_id!r}")
+        if not isinstance(self.kafka_conn_id, str) or not self.kafka_conn_id.strip():
+            raise ValueError(f"kafka_conn_id must be a non-empty connection id, got {self.kafka_conn_id!r}")
         if self.value_format not in VALUE_FORMATS:
             raise ValueError(f"value_format must be one of {', '.join(VALUE_FORMATS)}, got {self.value_format!r}")
         if not isinstance(self.acceptors, list):
