@@ -25,7 +25,7 @@ from airflow_deferrable_kit._kafka_client import (
     quiet_aiokafka,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Waiter
+from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Pace, Waiter
 from airflow_deferrable_kit._kafka_messages import KafkaMessage
 from airflow_deferrable_kit._kafka_offsets import clamp_to_log
 from airflow_deferrable_kit._per_loop import PerLoop
@@ -204,10 +204,11 @@ class CatchUps:
         by_topic: dict[str, dict[TopicPartition, list[Any]]] = collections.defaultdict(dict)
         for tp, records in batch.items():
             by_topic[tp.topic][tp] = records
+        pace = Pace()
         for topic, records in by_topic.items():
             run = self.passes.get(topic)
             if run is not None:
-                await run._dispatch(records)
+                await run._dispatch(records, pace)
         for run in self.passes.values():
             run.sync_positions(self.consumer)
 

@@ -37,7 +37,7 @@ from airflow_deferrable_kit._kafka_client import (
     refresh_topics,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka_fanout import FanOut, Waiter
+from airflow_deferrable_kit._kafka_fanout import FanOut, Pace, Waiter
 from airflow_deferrable_kit._kafka_gate import ConnectGates, gates_for
 from airflow_deferrable_kit._kafka_lookups import BatchedLookups
 from airflow_deferrable_kit._kafka_offsets import CommittedOffsets, StartOffsets, resolve_start
@@ -56,7 +56,7 @@ PARTITION_REFRESH_SECONDS = 30.0
 #: How long one fetch waits for data before the reader loop turns over.
 FETCH_WAIT_MS = 1000
 #: Records taken from the consumer per fetch.
-MAX_RECORDS_PER_FETCH = 500
+MAX_RECORDS_PER_FETCH = 5000
 #: How stale the shared consumers' own view of leaders may get (errors refresh it at once).
 METADATA_MAX_AGE_MS = 300_000
 #: How often the positions of partitions that returned nothing are re-read from the consumer.
@@ -493,10 +493,11 @@ class ConnectionReader:
         by_topic: dict[str, dict[TopicPartition, list[Any]]] = collections.defaultdict(dict)
         for tp, records in batch.items():
             by_topic[tp.topic][tp] = records
+        pace = Pace()
         for topic, part in by_topic.items():
             reader = self.topics.get(topic)
             if reader is not None and reader.known:
-                await reader._dispatch(part)
+                await reader._dispatch(part, pace)
 
     def _sync_positions(self, topics: set[str] | None) -> None:
         """Move past offsets the consumer skipped without returning records (gaps, control batches)."""
