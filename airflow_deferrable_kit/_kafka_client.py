@@ -1,8 +1,15 @@
 """The aiokafka side of the Kafka wait: connection -> client options, library errors -> ours,
-consumers and admin clients started safely, offset lookups and the opt-in commit.
+consumers and admin clients started safely and scoped to the topics they serve.
 
 Credentials never leave this module's :func:`load_client_options`: the trigger carries a
 ``kafka_conn_id`` and the secret is read here, in the triggerer.
+
+Every client this package starts is *scoped* (:func:`scope_client`): its metadata requests name
+the topics it serves and never the whole cluster (aiokafka asks for every topic whenever its
+list of topics is empty, and at bootstrap, which on a broker with thousands of topics costs
+megabytes and tens of milliseconds of CPU per client), never create a topic, open connections
+only through the connection's :class:`~airflow_deferrable_kit._kafka_gate.ConnectGate`, and log
+aiokafka's own per-attempt warnings at debug (the gate logs one line per backoff step).
 
 Every use of an aiokafka private API is in the fenced section at the end of this module, each
 with the reason and the version it was checked against, so an aiokafka upgrade has one place to
@@ -12,14 +19,20 @@ look at.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
+import random
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from airflow_deferrable_kit._kafka_gate import ConnectGate, ConnectGates
 from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
 from airflow_deferrable_kit.connections import get_connection, get_extra
-from airflow_deferrable_kit.errors import ErrorType
+from airflow_deferrable_kit.errors import ErrorType, describe_exception
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
 if TYPE_CHECKING:
@@ -30,17 +43,8 @@ log = logging.getLogger(__name__)
 
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
-#: How long a cancelled waiter lets a consumer's start finish before stopping it.
-START_GRACE_SECONDS = 10.0
-
-#: How long the worker's one-off lookup of the log end offsets may take (bootstrap included).
-LOG_END_LOOKUP_SECONDS = 30.0
-
-#: A group's committed offsets for some partitions (-1 where it has none).
-CommittedLookup = Callable[[list["TopicPartition"]], Awaitable[dict["TopicPartition", int]]]
-#: Per-partition offsets as they travel in trigger kwargs: ``{topic: {"<partition>": offset}}``
-#: (JSON object keys are strings).
-StartOffsets = Mapping[str, Mapping[str, int]]
+#: How long a probe connection (telling a SASL rejection from a broker that is down) may take.
+PROBE_TIMEOUT_MS = 5_000
 
 
 # ============================================================================ connection
@@ -190,38 +194,103 @@ def _sasl_broke_off(exc: BaseException) -> FatalError:
     )
 
 
-async def _diagnose_bootstrap(options: Mapping[str, Any], exc: BaseException) -> WaitError:
-    """aiokafka reports every bootstrap failure as "unable to bootstrap"; probe one broker to
-    tell bad credentials or TLS (fatal) from a broker that is down (transient)."""
-    probe = _probe_first_broker(options)
-    try:
-        conn = await probe
-    except asyncio.CancelledError:
-        raise
-    except Exception as probe_error:
-        error = classify_kafka_error(probe_error)
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` once (aiokafka's errors already start their text with their type)."""
+    text = str(exc)
+    return text if text.startswith(type(exc).__name__) else describe_exception(exc)
+
+
+def _is_network(exc: BaseException) -> bool:
+    error = classify_kafka_error(exc)
+    return isinstance(error, TransientError) or isinstance(exc, (OSError, asyncio.TimeoutError))
+
+
+class BootstrapFailed(Exception):
+    """No bootstrap server answered: what each one that was tried raised, and how long the ones
+    still in backoff wait before their next attempt."""
+
+    def __init__(self, failures: list[BaseException], waits: list[float]) -> None:
+        super().__init__(f"unable to bootstrap ({len(failures)} failed, {len(waits)} in backoff)")
+        self.failures = failures
+        self.waits = waits
+
+
+async def bootstrap_error(options: Mapping[str, Any], failed: BootstrapFailed) -> WaitError:
+    """What a failed bootstrap means: bad credentials or TLS (fatal) or a broker that is down.
+
+    A SASL handshake that breaks off with a closed connection is ambiguous: some brokers close
+    the connection on bad credentials instead of answering an authentication error. A
+    connection without SASL to the same broker tells: if it is accepted and answered, the broker
+    is up and refused this client's authentication.
+    """
+    for exc in failed.failures:
+        error = classify_kafka_error(exc)
         if isinstance(error, FatalError):
             return error
-        network = error is not None or isinstance(probe_error, (OSError, asyncio.TimeoutError))
-        if _uses_sasl(options) and not network:
-            return _sasl_broke_off(probe_error)
-        return TransientError(f"cannot reach the bootstrap servers: {probe_error}", error_type=ErrorType.UNAVAILABLE)
-    conn.close()
+    servers = ",".join(options["bootstrap_servers"])
+    if _uses_sasl(options):
+        for exc in failed.failures:
+            if not _is_network(exc):
+                return _sasl_broke_off(exc)
+        closed = [exc for exc in failed.failures if type(exc).__name__ == "KafkaConnectionError"]
+        if closed and await _answers_without_sasl(options):
+            return FatalError(
+                f"authentication failed: {servers} accepts connections but closed this one during SASL "
+                f"{options.get('sasl_mechanism', 'PLAIN')} authentication of user "
+                f"{options.get('sasl_plain_username')!r}: check the credentials and sasl.mechanism",
+                error_type=ErrorType.AUTHENTICATION,
+            )
+    if failed.failures:
+        return TransientError(
+            f"cannot reach the bootstrap servers {servers}: {_describe(failed.failures[-1])}",
+            error_type=ErrorType.UNAVAILABLE,
+        )
     return TransientError(
-        f"cannot bootstrap from {options['bootstrap_servers']}: {exc}", error_type=ErrorType.UNAVAILABLE
+        f"the bootstrap servers {servers} were unreachable; next attempt in {min(failed.waits, default=0):.1f}s",
+        error_type=ErrorType.UNAVAILABLE,
     )
 
 
-# ============================================================================== clients
-async def start_consumer(options: Mapping[str, Any], *, metadata_max_age_ms: int, **overrides: Any) -> AIOKafkaConsumer:
-    """A started consumer with no group, no auto-commit and no silent offset reset.
+@dataclass
+class TopicsAnswer:
+    """What the broker said about some topics: their partitions, or that they are missing or
+    not visible to this client."""
 
-    ``metadata_max_age_ms`` is how stale its view of partitions and leaders may get; the shared
-    reader passes its partition refresh period, so consumers and reader agree.
+    partitions: dict[str, set[int]] = field(default_factory=dict)
+    missing: set[str] = field(default_factory=set)
+    unauthorized: set[str] = field(default_factory=set)
+
+    def raise_unauthorized(self) -> None:
+        if self.unauthorized:
+            raise FatalError(
+                f"not authorized to describe topic(s) {', '.join(sorted(self.unauthorized))}",
+                error_type=ErrorType.AUTHORIZATION,
+            )
+
+
+# ============================================================================== clients
+async def import_aiokafka() -> None:
+    """Import aiokafka off the loop the first time (it takes ~0.5 s); at once afterwards."""
+    if "aiokafka.consumer" not in sys.modules:
+        await asyncio.to_thread(__import__, "aiokafka")
+
+
+async def start_consumer(
+    options: Mapping[str, Any],
+    *,
+    topics: Iterable[str],
+    metadata_max_age_ms: int,
+    gates: ConnectGates | None = None,
+    **overrides: Any,
+) -> AIOKafkaConsumer:
+    """A started consumer with no group, no auto-commit and no silent offset reset, scoped to
+    ``topics`` (its metadata names them only; :func:`set_topics` changes the scope).
+
+    ``metadata_max_age_ms`` is how stale its view of partitions and leaders may get. Cancelling
+    the start leaves nothing behind: the scoped bootstrap closes its connection on any exit.
     """
-    await asyncio.to_thread(__import__, "aiokafka")  # the first import takes ~0.5 s: not on the loop
+    await import_aiokafka()
     from aiokafka import AIOKafkaConsumer
-    from aiokafka.errors import KafkaConnectionError
 
     settings: dict[str, Any] = {
         **options,
@@ -235,285 +304,330 @@ async def start_consumer(options: Mapping[str, Any], *, metadata_max_age_ms: int
     }
     settings.update(overrides)
     consumer = AIOKafkaConsumer(**settings)
-    # Shielded: cancelling aiokafka's bootstrap mid-request leaks the bootstrap connection (only
-    # Kafka and timeout errors close it), so a cancelled waiter lets the start finish, bounded,
-    # and then stops the consumer, leaving no socket behind.
-    starting = asyncio.ensure_future(consumer.start())
+    scope_client(consumer._client, topics, gates)
+    token = _QUIET.set(True)  # the consumer's own tasks, started here, inherit it
     try:
-        await asyncio.shield(starting)
-    except asyncio.CancelledError:
-        await asyncio.wait({starting}, timeout=START_GRACE_SECONDS)
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
+        await consumer.start()
+    except BaseException as exc:
         await consumer.stop()
-        raise
-    except Exception as exc:
-        await consumer.stop()
-        if isinstance(exc, KafkaConnectionError):
-            raise await _diagnose_bootstrap(options, exc) from exc
-        if classify_kafka_error(exc) is None and _uses_sasl(options):
+        if isinstance(exc, BootstrapFailed):
+            raise await bootstrap_error(options, exc) from exc
+        if isinstance(exc, Exception) and classify_kafka_error(exc) is None and _uses_sasl(options):
             raise _sasl_broke_off(exc) from exc
         raise
+    finally:
+        _QUIET.reset(token)
     return consumer
 
 
-async def start_admin(options: Mapping[str, Any]) -> AIOKafkaAdminClient:
+async def start_admin(
+    options: Mapping[str, Any], *, topics: Iterable[str], gates: ConnectGates | None = None
+) -> AIOKafkaAdminClient:
+    """A started admin client scoped to ``topics``, like :func:`start_consumer`."""
+    await import_aiokafka()
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(**options, request_timeout_ms=30_000)
+    scope_client(admin._client, topics, gates)
+    token = _QUIET.set(True)
     try:
         await admin.start()
-    except BaseException:
+    except BaseException as exc:
         await admin.close()
+        if isinstance(exc, BootstrapFailed):
+            raise await bootstrap_error(options, exc) from exc
         raise
-    return admin
-
-
-class CommittedOffsets:
-    """Reads consumer groups' committed offsets through one admin client, started on first use.
-
-    Read-only: no group join, no commit. Call :meth:`close` when done.
-    """
-
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        self._options = options
-        self._admin: AIOKafkaAdminClient | None = None
-        self._lock = asyncio.Lock()
-
-    async def __call__(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        """``group_id``'s committed offsets for ``tps`` (-1 where it has none)."""
-        async with self._lock:
-            if self._admin is None:
-                self._admin = await start_admin(self._options)
-        offsets = await self._admin.list_consumer_group_offsets(group_id, partitions=list(tps))
-        return {tp: int(offsets[tp].offset) if tp in offsets and offsets[tp] is not None else -1 for tp in tps}
-
-    async def close(self) -> None:
-        if self._admin is not None:
-            await self._admin.close()
-
-
-# ================================================================================ offsets
-async def resolve_start(
-    consumer: AIOKafkaConsumer,
-    tps: list[TopicPartition],
-    *,
-    start_from: str,
-    start_after_ms: int | None,
-    committed: CommittedLookup | None = None,
-    start_offsets: StartOffsets | None = None,
-) -> dict[TopicPartition, int]:
-    """The first offset to look at in each partition for this start rule.
-
-    ``timestamp`` with ``start_offsets``: those offsets (see :func:`from_start_offsets`).
-    ``timestamp`` without: the first message stamped at or after ``start_after_ms`` (the end
-    offsets are read *before* the time lookup, so a "not found" answer can safely mean "the end").
-    ``committed``: the group's committed offset; partitions without one use the timestamp rule.
-    """
-    if not tps:
-        return {}
-    if start_from == "earliest":
-        return {tp: int(offset) for tp, offset in (await consumer.beginning_offsets(tps)).items()}
-    if start_from == "timestamp" and start_offsets is not None:
-        return await from_start_offsets(consumer, tps, start_offsets)
-    result: dict[TopicPartition, int] = {}
-    todo = list(tps)
-    if start_from == "committed" and committed is not None:
-        for tp, offset in (await committed(todo)).items():
-            if offset >= 0:
-                result[tp] = offset
-        todo = [tp for tp in todo if tp not in result]
-    if todo:
-        ends = await consumer.end_offsets(todo)
-        found = await consumer.offsets_for_times(dict.fromkeys(todo, int(start_after_ms or 0)))
-        for tp in todo:
-            hit = found.get(tp)
-            # Apache Kafka answers "no such message" with None; some brokers with timestamp -1.
-            if hit is None or hit.offset is None or hit.offset < 0 or hit.timestamp is None or hit.timestamp < 0:
-                result[tp] = int(ends[tp])
-            else:
-                result[tp] = int(hit.offset)
-    return result
-
-
-async def from_start_offsets(
-    consumer: AIOKafkaConsumer, tps: list[TopicPartition], start_offsets: StartOffsets
-) -> dict[TopicPartition, int]:
-    """Where each partition starts given the log end offsets fixed when the task first deferred.
-
-    A partition listed there starts at its offset; one that is not (added since, or its whole
-    topic appeared since) holds only newer messages and starts at its beginning. Record
-    timestamps play no part. An offset the log no longer covers is moved into it: up to the
-    oldest retained one (retention deleted the rest), or down to the log end (the log was cut
-    back, or the topic recreated), so the wait neither fails nor skips what comes next.
-    """
-    begins = await consumer.beginning_offsets(tps)
-    ends = await consumer.end_offsets(tps)
-    result: dict[TopicPartition, int] = {}
-    for tp in tps:
-        begin, end = int(begins[tp]), int(ends[tp])
-        fixed = start_offsets.get(tp.topic, {}).get(str(tp.partition))
-        if fixed is None:
-            result[tp] = begin
-            continue
-        if not begin <= fixed <= end:
-            log.warning(
-                "%s[%d]: start offset %d is outside the log (%d..%d); starting at %d",
-                tp.topic,
-                tp.partition,
-                fixed,
-                begin,
-                end,
-                min(max(fixed, begin), end),
-            )
-        result[tp] = min(max(fixed, begin), end)
-    return result
-
-
-async def log_end_offsets(kafka_conn_id: str, topics: list[str]) -> dict[str, dict[str, int]]:
-    """The log end offset of every partition of every topic now, as trigger kwargs carry them.
-
-    Topics that do not exist are left out (with ``wait_for_topic`` they are read from their
-    beginning when they appear). A short-lived group-less consumer, bounded in time, for the
-    worker to fix "every message from now on" before it defers. Never creates a topic.
-    """
-    from aiokafka import TopicPartition
-
-    async def lookup() -> dict[str, dict[str, int]]:
-        options = await load_client_options(kafka_conn_id)
-        consumer = await start_consumer(options, metadata_max_age_ms=30_000)
-        try:
-            result: dict[str, dict[str, int]] = {}
-            for topic in topics:
-                partitions = await topic_partitions(consumer, topic)
-                if partitions is None:
-                    continue
-                await track_topic(consumer, topic)
-                ends = await consumer.end_offsets([TopicPartition(topic, p) for p in sorted(partitions)])
-                result[topic] = {str(tp.partition): int(offset) for tp, offset in sorted(ends.items())}
-            return result
-        finally:
-            await consumer.stop()
-
-    try:
-        return await asyncio.wait_for(lookup(), LOG_END_LOOKUP_SECONDS)
-    except asyncio.TimeoutError as exc:
-        raise TransientError(
-            f"kafka_conn_id={kafka_conn_id!r}: no answer within {LOG_END_LOOKUP_SECONDS:.0f}s looking up the log end",
-            error_type=ErrorType.UNAVAILABLE,
-        ) from exc
-
-
-async def clamp_to_log(consumer: AIOKafkaConsumer, exc: Exception) -> dict[TopicPartition, int]:
-    """Where reads that fell outside the log resume: the oldest retained offset when retention
-    deleted the position, the log end when the position lies beyond it (the log was cut back)."""
-    targets: dict[TopicPartition, int] = {}
-    for tp, offset in out_of_range_offsets(exc).items():
-        begin = int((await consumer.beginning_offsets([tp]))[tp])
-        end = int((await consumer.end_offsets([tp]))[tp])
-        if offset < begin:
-            log.warning(
-                "%s[%d]: offsets %d..%d were deleted before they were read", tp.topic, tp.partition, offset, begin
-            )
-        targets[tp] = begin if offset < begin else min(offset, end)
-    return targets
-
-
-async def commit_offset(*, kafka_conn_id: str, group_id: str, topic: str, partition: int, offset: int) -> None:
-    """Commit ``offset + 1`` for one partition to ``group_id`` (the matched message is consumed).
-
-    Runs where the sensor resumes, after Airflow has stored the event: a crash before this line
-    means the message is found again (at-least-once), never lost. No group join: a manual
-    assignment commits as a "simple" consumer, so the group should not have live members.
-    """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.structs import OffsetAndMetadata
-
-    options = await load_client_options(kafka_conn_id)
-    consumer = AIOKafkaConsumer(**options, group_id=group_id, enable_auto_commit=False)
-    try:
-        await consumer.start()
-        tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        await consumer.commit({tp: OffsetAndMetadata(offset + 1, "airflow-deferrable-kit")})
     finally:
-        await consumer.stop()
+        _QUIET.reset(token)
+    return admin
 
 
 # ======================================================================= private aiokafka API
 # Everything below reaches into aiokafka beyond its documented API. Checked against aiokafka
 # 0.14.0 (the extra allows >=0.11); look here first when upgrading it. The real-broker tests
-# exercise all but ``out_of_range_offsets``, which the engine tests cover with aiokafka's own
-# exception, raised the way its fetcher raises it.
+# exercise all of it but ``out_of_range_offsets`` and ``failed_topic``, which the engine tests
+# cover with aiokafka's own exceptions, raised the way its fetcher raises them.
+
+#: Set in the kit's own tasks (and inherited by the tasks its clients start): aiokafka's
+#: warnings and errors logged there go out at debug.
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("adk_kafka_quiet", default=False)
+#: The gate of the connection attempt in progress in this task: aiokafka's line saying why it
+#: failed becomes the reason the gate logs.
+_CAPTURE: contextvars.ContextVar[ConnectGate | None] = contextvars.ContextVar("adk_kafka_capture", default=None)
+#: aiokafka's loggers (0.14: ``aiokafka`` for the client, ``aiokafka.<module>`` elsewhere).
+_AIOKAFKA_LOGGERS: Final = (
+    "aiokafka",
+    "aiokafka.admin.client",
+    "aiokafka.cluster",
+    "aiokafka.conn",
+    "aiokafka.consumer.consumer",
+    "aiokafka.consumer.fetcher",
+    "aiokafka.consumer.group_coordinator",
+    "aiokafka.consumer.subscription_state",
+)
 
 
-def _probe_first_broker(options: Mapping[str, Any]) -> Awaitable[Any]:
-    """A connection of our own to the first bootstrap server (awaiting it raises what failed).
+def quiet_aiokafka() -> None:
+    """Mark the running task as the kit's: aiokafka's warnings and errors in it go out at debug.
 
-    Private: ``aiokafka.conn.create_conn`` and ``get_ip_port_afi``. The consumer's own bootstrap
-    folds every failure into one "unable to bootstrap" error; a single connection of our own
-    surfaces the real cause (SASL rejected, TLS refused, nothing listening).
+    For the kit's long-lived tasks (the shared reader's loops); set once, it lasts the task.
+    """
+    _QUIET.set(True)
+
+
+class _KitClientLines(logging.Filter):
+    """Logs aiokafka's INFO, WARNING and ERROR lines of the kit's clients at DEBUG.
+
+    aiokafka logs an ERROR on every failed connection attempt and metadata refresh, from every
+    consumer, for as long as a broker is down, one per refresh for a topic that does not exist
+    yet, and an INFO naming every assigned topic on every re-assignment. The kit reports those
+    conditions itself, once per backoff step (the gate) or as the wait's outcome; other users of
+    aiokafka in the process are left alone (the mark is a context variable of the kit's tasks).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        gate = _CAPTURE.get()
+        if (gate is None and not _QUIET.get()) or record.levelno < logging.INFO:
+            return True
+        if gate is not None and record.levelno >= logging.WARNING:
+            gate.last_error = record.getMessage()
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+@functools.cache
+def _install_log_filter() -> None:
+    line_filter = _KitClientLines()
+    for name in _AIOKAFKA_LOGGERS:
+        logging.getLogger(name).addFilter(line_filter)
+
+
+def scope_client(client: Any, topics: Iterable[str], gates: ConnectGates | None) -> None:
+    """Make an ``AIOKafkaClient`` (a consumer's or admin's ``_client``) a topic-scoped one.
+
+    Private: swaps the instance's class for :func:`_scoped_client_class`'s subclass (methods
+    only, no state of its own) and sets ``_topics``, the set aiokafka's metadata requests name.
+    """
+    client.__class__ = _scoped_client_class()
+    client._kit_gates = gates
+    client._topics = set(topics)
+    _install_log_filter()
+
+
+@functools.cache
+def _scoped_client_class() -> type:
+    """``AIOKafkaClient`` with metadata scoped to its topics and connections through the gate.
+
+    Overrides (aiokafka 0.14 ``aiokafka/client.py``):
+
+    * ``bootstrap``: the same steps, but its ``MetadataRequest`` names the client's topics
+      (aiokafka sends ``MetadataRequest([])``, which some brokers answer with every topic), with
+      auto-creation off; each server is tried through its gate; the bootstrap connection is
+      closed on *any* exit, cancellation included (aiokafka closes it only on Kafka and timeout
+      errors, and leaked it when cancelled); the failures are kept for :func:`bootstrap_error`
+      (aiokafka folds them into "Unable to bootstrap").
+    * ``_metadata_update``: names the topics (aiokafka sends ``MetadataRequest(None)``, *all*
+      topics, whenever its set is empty), never auto-creates, and with no topic sends nothing.
+    * ``_get_conn``: a new connection only through the gate (a refusal costs no network and is
+      a plain "not ready" to aiokafka, which retries on its own timer).
+    """
+    from aiokafka.client import AIOKafkaClient, ConnectionGroup
+    from aiokafka.conn import create_conn
+    from aiokafka.errors import KafkaError
+    from aiokafka.protocol.metadata import MetadataRequest
+    from aiokafka.util import create_task
+
+    class TopicScopedClient(AIOKafkaClient):
+        _kit_gates: ConnectGates | None = None
+        _sync_task: asyncio.Task[None] | None
+
+        def _kit_gate(self, host: str, port: int) -> ConnectGate | None:
+            return self._kit_gates.for_address(host, port) if self._kit_gates is not None else None
+
+        def _kit_request(self, topics: Iterable[str]) -> Any:
+            return MetadataRequest(sorted(topics), allow_auto_topic_creation=False)
+
+        async def bootstrap(self) -> None:
+            failures: list[BaseException] = []
+            waits: list[float] = []
+            for host, port, _ in self.hosts:
+                gate = self._kit_gate(host, port)
+                if gate is not None and not gate.try_begin():
+                    waits.append(gate.seconds_to_wait())
+                    continue
+                conn = None
+                try:
+                    conn = await create_conn(
+                        host,
+                        port,
+                        client_id=self._client_id,
+                        request_timeout_ms=self._request_timeout_ms,
+                        ssl_context=self._ssl_context,
+                        security_protocol=self._security_protocol,
+                        max_idle_ms=self._connections_max_idle_ms,
+                        sasl_mechanism=self._sasl_mechanism,
+                        sasl_plain_username=self._sasl_plain_username,
+                        sasl_plain_password=self._sasl_plain_password,
+                        sasl_kerberos_service_name=self._sasl_kerberos_service_name,
+                        sasl_kerberos_domain_name=self._sasl_kerberos_domain_name,
+                        sasl_oauth_token_provider=self._sasl_oauth_token_provider,
+                    )
+                    metadata = await conn.send(self._kit_request(self._topics))
+                except BaseException as exc:
+                    if conn is not None:
+                        conn.close()
+                    if not isinstance(exc, Exception):  # cancelled: neither a success nor a failure
+                        if gate is not None:
+                            gate.abandoned()
+                        raise
+                    failures.append(exc)
+                    if gate is not None:
+                        gate.failed(_describe(exc))
+                    continue
+                if gate is not None:
+                    gate.succeeded()
+                self.cluster.update_metadata(metadata)
+                if not len(self.cluster.brokers()):
+                    # A cluster with no topics may list no brokers: keep this connection meanwhile.
+                    self._conns[("bootstrap", ConnectionGroup.DEFAULT)] = conn
+                else:
+                    conn.close()
+                break
+            else:
+                raise BootstrapFailed(failures, waits)
+            if self._sync_task is None:
+                self._sync_task = create_task(self._md_synchronizer())
+
+        async def _metadata_update(self, cluster_metadata: Any, topics: Iterable[str]) -> bool:
+            topics = set(topics)
+            if not topics:
+                return True  # nothing to learn: the brokers are known since the bootstrap
+            request = self._kit_request(topics)
+            nodeids: list[Any] = [b.nodeId for b in self.cluster.brokers()]
+            bootstrap_id = ("bootstrap", ConnectionGroup.DEFAULT)
+            if bootstrap_id in self._conns:
+                nodeids.append("bootstrap")
+            random.shuffle(nodeids)
+            for node_id in nodeids:
+                conn = await self._get_conn(node_id)
+                if conn is None:
+                    continue
+                try:
+                    metadata = await conn.send(request)
+                except (KafkaError, asyncio.TimeoutError) as err:
+                    log.debug("Kafka metadata request to node %s failed: %r", node_id, err)
+                    continue
+                if not metadata.brokers:
+                    return False
+                cluster_metadata.update_metadata(metadata)
+                if bootstrap_id in self._conns and len(self.cluster.brokers()):
+                    self._conns.pop(bootstrap_id).close()
+                return True
+            cluster_metadata.failed_update(None)
+            return False
+
+        async def _get_conn(self, node_id: Any, *, group: Any = ConnectionGroup.DEFAULT, no_hint: bool = False) -> Any:
+            cached = self._conns.get((node_id, group))
+            if cached is not None and cached.connected():
+                return cached
+            broker = self.cluster.broker_metadata(node_id)
+            gate = self._kit_gate(broker.host, broker.port) if broker is not None else None
+            if gate is None:
+                return await super()._get_conn(node_id, group=group, no_hint=no_hint)
+            if not gate.try_begin():
+                return None
+            token = _CAPTURE.set(gate)
+            try:
+                conn = await super()._get_conn(node_id, group=group, no_hint=no_hint)
+            except BaseException:
+                gate.abandoned()
+                raise
+            finally:
+                _CAPTURE.reset(token)
+            if conn is None:
+                gate.failed()
+            else:
+                gate.succeeded()
+            return conn
+
+    return TopicScopedClient
+
+
+def set_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
+    """Change the topics a consumer's metadata covers (refreshed in the background if new ones).
+
+    Private: ``consumer._client.set_topics``. Needed for a consumer that looks offsets up for
+    partitions it is not assigned (their leaders come from its metadata); the public way,
+    ``subscribe``, joins a group.
+    """
+    consumer._client.set_topics(list(topics))
+
+
+def describe_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> TopicsAnswer:
+    """What the consumer's metadata (scoped to these topics) says about them, without a request.
+
+    Private: ``consumer._client.cluster`` (``partitions_for_topic`` is public on the consumer,
+    ``unauthorized_topics`` is not).
+    """
+    cluster = consumer._client.cluster
+    answer = TopicsAnswer()
+    for topic in topics:
+        partitions = cluster.partitions_for_topic(topic)
+        if topic in cluster.unauthorized_topics:
+            answer.unauthorized.add(topic)
+        elif partitions:
+            answer.partitions[topic] = set(partitions)
+        else:
+            answer.missing.add(topic)
+    return answer
+
+
+async def refresh_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> TopicsAnswer:
+    """Ask the broker about exactly ``topics`` (one metadata request; never creates a topic).
+
+    Private: sets ``consumer._client._topics`` and awaits ``force_metadata_update()``; the
+    public ``partitions_for_topic`` only answers from metadata already fetched.
+    """
+    wanted = set(topics)
+    client = consumer._client
+    client._topics = wanted
+    if not await client.force_metadata_update():
+        raise TransientError("the broker did not answer a metadata request", error_type=ErrorType.UNAVAILABLE)
+    return describe_topics(consumer, wanted)
+
+
+async def _answers_without_sasl(options: Mapping[str, Any]) -> bool:
+    """Whether the first bootstrap server accepts and answers a connection without SASL.
+
+    Private: ``aiokafka.conn.create_conn`` and ``get_ip_port_afi`` (the connection runs the
+    ApiVersions exchange, so success means a Kafka broker answered).
     """
     from aiokafka.conn import create_conn, get_ip_port_afi
 
     host, port, _ = get_ip_port_afi(options["bootstrap_servers"][0])
-    probe_options = {
-        key: options[key]
-        for key in (
-            "client_id",
-            "ssl_context",
-            "security_protocol",
-            "sasl_mechanism",
-            "sasl_plain_username",
-            "sasl_plain_password",
-            "sasl_kerberos_service_name",
+    protocol = "SSL" if options.get("security_protocol") == "SASL_SSL" else "PLAINTEXT"
+    try:
+        conn = await create_conn(
+            host,
+            port,
+            client_id=options.get("client_id", "airflow-deferrable-kit"),
+            ssl_context=options.get("ssl_context"),
+            security_protocol=protocol,
+            request_timeout_ms=PROBE_TIMEOUT_MS,
         )
-        if key in options
-    }
-    return create_conn(host, port, request_timeout_ms=10_000, **probe_options)
-
-
-async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int] | None:
-    """The topic's partition ids, or ``None`` if it does not exist.
-
-    Asks with ``allow_auto_topic_creation=False``: merely waiting must never create a topic on a
-    broker that auto-creates them. Private: the consumer's ``_client`` (``get_random_node``,
-    ``send``), ``aiokafka.protocol.metadata.MetadataRequest`` and ``ClusterMetadata`` to read the
-    answer. The public ``partitions_for_topic`` only answers from metadata already fetched, and
-    aiokafka's own metadata requests allow auto-creation.
-    """
-    from aiokafka.cluster import ClusterMetadata
-    from aiokafka.errors import NodeNotReadyError
-    from aiokafka.protocol.metadata import MetadataRequest
-
-    client = consumer._client
-    node = client.get_random_node()
-    if node is None:
-        raise NodeNotReadyError("no broker is known yet")
-    response = await client.send(node, MetadataRequest([topic], allow_auto_topic_creation=False))
-    cluster = ClusterMetadata()
-    cluster.update_metadata(response)
-    if topic in cluster.unauthorized_topics:
-        raise FatalError(f"not authorized to describe topic {topic!r}", error_type=ErrorType.AUTHORIZATION)
-    partitions = cluster.partitions_for_topic(topic)
-    return set(partitions) if partitions else None
-
-
-async def track_topic(consumer: AIOKafkaConsumer, topic: str) -> None:
-    """Have a consumer keep the topic's metadata without assigning it (offset lookups need the
-    partition leaders; without this the first lookup fails once on stale metadata and retries).
-
-    Private: ``consumer._client.add_topic``; the public way (``subscribe``) joins a group. Only
-    called for a topic known to exist (aiokafka's metadata requests allow auto-creation).
-    """
-    await consumer._client.add_topic(topic)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        return False
+    conn.close()
+    return True
 
 
 def known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
     """The consumer's fetch position for ``tp`` if it has a valid one, without waiting.
 
     Private: ``consumer._subscription.subscription.assignment.state_value``. The public
-    ``position()`` waits for a position to be fetched; this is read after every batch, to move
+    ``position()`` waits for a position to be fetched; this is read after batches, to move
     past offsets the consumer skipped (gaps, transaction markers), and must not wait.
     """
     try:
@@ -533,21 +647,30 @@ def out_of_range_offsets(exc: Exception) -> dict[TopicPartition, int]:
     return exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
 
 
+def failed_topic(exc: Exception) -> str | None:
+    """The topic a fetch's ``TopicAuthorizationFailedError`` is about, if it says.
+
+    Undocumented: aiokafka's fetcher raises it with the topic name as its only argument.
+    """
+    return exc.args[0] if exc.args and isinstance(exc.args[0], str) else None
+
+
 __all__ = [
-    "CommittedOffsets",
-    "StartOffsets",
-    "clamp_to_log",
+    "BootstrapFailed",
+    "TopicsAnswer",
+    "bootstrap_error",
     "classify_kafka_error",
     "client_options",
-    "commit_offset",
-    "from_start_offsets",
+    "describe_topics",
+    "failed_topic",
+    "import_aiokafka",
     "known_position",
     "load_client_options",
-    "log_end_offsets",
     "out_of_range_offsets",
-    "resolve_start",
+    "quiet_aiokafka",
+    "refresh_topics",
+    "scope_client",
+    "set_topics",
     "start_admin",
     "start_consumer",
-    "topic_partitions",
-    "track_topic",
 ]

@@ -265,6 +265,29 @@ class Waiter:
 
 
 # ============================================================================== fan-out
+class Pace:
+    """The budget of one hand-out: yield to the loop after a slice of work or of wake-ups.
+
+    One fetch may span a thousand topics with a few records each; the fan-outs of all of them
+    share one pace, or none would ever reach its budget and the whole fetch (and every wait it
+    woke) would run in one loop iteration.
+    """
+
+    __slots__ = ("started", "woken")
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.woken = 0
+
+    def due(self) -> bool:
+        return self.woken >= WAKES_PER_SLICE or time.monotonic() - self.started > DISPATCH_SLICE_SECONDS
+
+    async def pause(self) -> None:
+        await asyncio.sleep(0)
+        self.started = time.monotonic()
+        self.woken = 0
+
+
 class _Group:
     """The waiters of one value format on a fan-out, indexed by the values they compare."""
 
@@ -394,15 +417,14 @@ class FanOut:
                 waiter.marks[tp] = tuple(self._tally(waiter.spec.value_format, tp))
 
     # ------------------------------------------------------------------ hand-out
-    async def _dispatch(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
+    async def _dispatch(self, batch: Mapping[TopicPartition, list[Any]], pace: Pace | None = None) -> None:
         """Hand each record to the waiters that may care about it.
 
         Yields to the event loop after a slice of work or a batch of wake-ups, so neither a long
         fan-out nor a burst of matches (each waking a wait that then builds its event) holds the
-        loop for long.
+        loop for long. A fetch that spans many topics hands its ``pace`` to each topic's fan-out.
         """
-        slice_start = time.monotonic()
-        woken = 0
+        pace = pace or Pace()
         for tp, records in batch.items():
             if not self.groups:
                 if records:
@@ -425,14 +447,12 @@ class FanOut:
                         continue
                     for waiter in group.candidates(message, value_format):
                         self.evaluations += 1
-                        woken += waiter.offer(message, tp, self)
+                        pace.woken += waiter.offer(message, tp, self)
                 self.positions[tp] = record.offset + 1
                 if message.timestamp >= 0:
                     self.last_timestamp[tp] = message.timestamp
-                if woken >= WAKES_PER_SLICE or time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
-                    await asyncio.sleep(0)
-                    slice_start = time.monotonic()
-                    woken = 0
+                if pace.due():
+                    await pace.pause()
 
     def sync_positions(self, consumer: AIOKafkaConsumer) -> None:
         """Move past offsets the consumer skipped without returning records (gaps, control batches)."""
@@ -527,4 +547,4 @@ class CatchUpPass(FanOut):
         return not self.groups
 
 
-__all__ = ["COUNTED", "CatchUpPass", "FanOut", "Waiter"]
+__all__ = ["COUNTED", "CatchUpPass", "FanOut", "Pace", "Waiter"]

@@ -1,41 +1,48 @@
-"""The shared Kafka topic reader: one consumer per (connection, topic) per triggerer process.
+"""The shared Kafka reader: one fetch consumer per connection per triggerer process.
 
-A :class:`TopicReader` reads its topic from the log end on and hands every message to the
-waiters on it through its :class:`~airflow_deferrable_kit._kafka_fanout.FanOut`. Waiters that
-start behind it are read up to it by shared catch-up passes on one more consumer; a waiter whose
-predicate cannot keep up reads at its own pace on a consumer of its own (:class:`OwnPace`, via
-:func:`read_on_own`) and joins again. Broker outages are absorbed by the consumers; fatal errors
-reach every waiter.
+A :class:`ConnectionReader` serves every wait on one Airflow connection, whatever its topics:
+one consumer fetches the partitions of every topic waited on (re-assigned as waits come and
+go), one more answers metadata and offset lookups for all of them (batched), and one more runs
+the catch-up passes of late waits on any topic (:class:`~airflow_deferrable_kit._kafka_catchup.CatchUps`).
+Each topic waited on has a :class:`TopicReader`: its hand-out (a
+:class:`~airflow_deferrable_kit._kafka_fanout.FanOut`) with its positions and waiters, and no
+consumer of its own. So the sockets, the memory and the metadata follow the brokers and the
+topics waited on, not the number of waits or topics; every client asks the broker about the
+topics waited on only (see :func:`~airflow_deferrable_kit._kafka_client.scope_client`).
+Broker outages are absorbed by the consumers, which reconnect through the connection's gate;
+fatal errors reach the waiters of the topics they concern.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import collections
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from airflow_deferrable_kit._backoff import full_jitter
+from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
+from airflow_deferrable_kit._kafka_catchup import CatchUps
 from airflow_deferrable_kit._kafka_client import (
-    CommittedOffsets,
-    StartOffsets,
-    clamp_to_log,
+    TopicsAnswer,
     classify_kafka_error,
-    known_position,
+    describe_topics,
+    failed_topic,
+    import_aiokafka,
     load_client_options,
     out_of_range_offsets,
-    resolve_start,
+    quiet_aiokafka,
+    refresh_topics,
     start_consumer,
-    topic_partitions,
-    track_topic,
 )
-from airflow_deferrable_kit._kafka_fanout import CatchUpPass, FanOut, Waiter
-from airflow_deferrable_kit._kafka_messages import KafkaMessage
-from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit._kafka_fanout import FanOut, Pace, Waiter
+from airflow_deferrable_kit._kafka_gate import ConnectGates, gates_for
+from airflow_deferrable_kit._kafka_lookups import BatchedLookups
+from airflow_deferrable_kit._kafka_offsets import CommittedOffsets, StartOffsets, resolve_start
 from airflow_deferrable_kit._redact import redact
-from airflow_deferrable_kit.conditions import Decision
+from airflow_deferrable_kit.errors import ErrorType, describe_exception
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
 if TYPE_CHECKING:
@@ -44,113 +51,69 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Tunables. Module constants rather than kwargs: the reader is shared, so they are per process.
-#: How often a reader looks for new partitions (and for a topic that does not exist yet); also
-#: how stale any consumer's view of partitions and leaders may get.
+#: How often the reader looks for new partitions and topics (and for log ends that moved back).
 PARTITION_REFRESH_SECONDS = 30.0
 #: How long one fetch waits for data before the reader loop turns over.
 FETCH_WAIT_MS = 1000
 #: Records taken from the consumer per fetch.
-MAX_RECORDS_PER_FETCH = 500
-#: Own-pace catch-up consumers (waits whose predicate fell behind) at once per connection.
-MAX_CATCHUPS_PER_CONNECTION = 8
-#: How long a reader keeps its catch-up consumer after the last pass, for the next late wait.
-CATCH_UP_LINGER_SECONDS = 30.0
-
-T = TypeVar("T")
-
-
-async def open_consumer(options: Mapping[str, Any]) -> AIOKafkaConsumer:
-    """A started group-less consumer whose metadata is refreshed as often as readers look for partitions."""
-    return await start_consumer(options, metadata_max_age_ms=int(PARTITION_REFRESH_SECONDS * 1000))
+MAX_RECORDS_PER_FETCH = 5000
+#: How stale the shared consumers' own view of leaders may get (errors refresh it at once).
+METADATA_MAX_AGE_MS = 300_000
+#: How often the positions of partitions that returned nothing are re-read from the consumer.
+POSITION_SYNC_SECONDS = 1.0
 
 
 class TopicReader(FanOut):
-    """One consumer per (connection, topic) per process, fanning each message out to waiters.
+    """One topic waited on through a :class:`ConnectionReader`: its hand-out and its state.
 
-    Starts at the log end of every partition when created; ``positions[tp]`` is the next offset
-    it will hand out. Waiters behind that are brought up to it by a :class:`CatchUpPass` (one at
-    a time, on one more consumer of its own). Broker outages are absorbed by the consumers (they
-    reconnect and resume from their positions); other transient errors back off here; fatal ones
-    are handed to every waiter.
+    ``positions[tp]`` is the next offset it hands out; it starts at the log end of every
+    partition when the topic is first waited on. ``resolved`` is set once the broker has said
+    whether the topic exists (or a fatal error ended it). Waiters behind it are brought up to
+    it by the connection's catch-up passes.
     """
 
-    def __init__(self, conn_id: str, topic: str, options: dict[str, Any]) -> None:
+    def __init__(self, connection: ConnectionReader, topic: str) -> None:
         super().__init__(topic, {})
-        self.conn_id = conn_id
-        self.options = options
-        self.consumer: AIOKafkaConsumer | None = None
-        #: A second, never-fetching consumer for metadata and offset lookups: a broker answers a
-        #: connection's requests in order, so lookups queued behind a long-poll fetch would wait.
-        self.lookup: AIOKafkaConsumer | None = None
-        #: Read-only lookups of a group's committed offsets (``start_from="committed"``).
-        self._committed = CommittedOffsets(options)
+        self.connection = connection
+        self.refs = 0
         self.known = False
         self.fatal: WaitError | None = None
-        self.fetches = 0
-        #: Catch-up passes run so far, and the one running now.
+        self.resolved = asyncio.Event()
+        #: Catch-up passes run so far for this topic, the one running now, and who waits for one.
         self.passes = 0
-        self.catching_up: CatchUpPass | None = None
-        self._late: dict[Waiter, None] = {}
-        self._late_arrived = asyncio.Event()
-        self._passes: asyncio.Task[None] | None = None
-        self._start_lookups: dict[tuple[Any, ...], asyncio.Future[dict[TopicPartition, int]]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._refresh_lock = asyncio.Lock()
+        self.catching_up: Any = None
+        self.late: dict[Waiter, None] = {}
 
-    # ------------------------------------------------------------------ lifecycle
-    @classmethod
-    async def open(cls, conn_id: str, topic: str) -> TopicReader:
-        reader = cls(conn_id, topic, await load_client_options(conn_id))
-        await reader.start()
-        return reader
+    @property
+    def conn_id(self) -> str:
+        return self.connection.conn_id
 
-    async def start(self) -> None:
-        self.consumer = await open_consumer(self.options)
-        try:
-            self.lookup = await open_consumer(self.options)
-            await self.refresh(initial=True)
-        except BaseException:
-            await self.consumer.stop()
-            if self.lookup is not None:
-                await self.lookup.stop()
-            raise
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"kafka-reader:{self.topic}")
-        log.info("Kafka reader for %s on %s started at %s", self.topic, self.conn_id, self._describe_positions())
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.connection.options
 
-    @staticmethod
-    async def close_reader(reader: TopicReader) -> None:
-        await reader.close()
-
-    async def close(self) -> None:
-        for task in (self._task, self._passes):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._task = self._passes = None
-        if self.consumer is not None:
-            await self.consumer.stop()
-        if self.lookup is not None:
-            await self.lookup.stop()
-        await self._committed.close()
-        log.info("Kafka reader for %s on %s closed", self.topic, self.conn_id)
-
-    def _describe_positions(self) -> str:
-        return ", ".join(f"{tp.partition}:{offset}" for tp, offset in sorted(self.positions.items())) or "no partitions"
-
-    # ------------------------------------------------------------------- waiters
     def everyone(self) -> list[Waiter]:
-        """Every waiter this reader serves: attached, in a catch-up pass, or waiting for one."""
-        everyone = set(self.waiters()) | set(self._late)
+        """Every waiter this topic serves: attached, in a catch-up pass, or waiting for one."""
+        everyone = set(self.waiters()) | set(self.late)
         if self.catching_up is not None:
             everyone.update(self.catching_up.waiters())
         return list(everyone)
 
     def forget(self, waiter: Waiter) -> None:
-        self._late.pop(waiter, None)
+        self.late.pop(waiter, None)
 
-    async def committed(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        """The group's committed offsets (read-only: no join, no commit); -1 where none."""
-        return await self._committed(group_id, tps)
+    def catch_up(self, waiter: Waiter) -> None:
+        """Have a shared pass bring ``waiter`` (behind this topic's hand-out) up to it."""
+        self.connection.catch_ups.add(self, waiter)
+
+    def fail(self, error: WaitError) -> None:
+        """End every wait on this topic with ``error`` (each wait logs its own outcome)."""
+        if self.fatal is None:
+            log.debug("Kafka topic %s on %s failed: %s", self.topic, self.conn_id, redact(error.message))
+        self.fatal = error
+        self.resolved.set()
+        for waiter in self.everyone():
+            waiter.wake.set()
 
     async def start_offsets(
         self,
@@ -161,364 +124,439 @@ class TopicReader(FanOut):
         group_id: str | None,
         fixed: StartOffsets | None = None,
     ) -> dict[TopicPartition, int]:
-        """Where a wait starts in ``tps`` (see :func:`resolve_start`); ``fixed`` are the offsets
-        fixed when its task first deferred, if it carries them.
+        """Where a wait starts in ``tps`` (see :func:`resolve_start`), through the shared lookups."""
+        committed = None
+        if group_id is not None:
 
-        Waits that ask the same question while it is being answered (a mass deferral, a
-        triggerer restart) share one lookup instead of queueing thousands on one connection.
-        """
-        assert self.lookup is not None
-        mine = None if fixed is None else tuple(sorted(fixed.get(self.topic, {}).items()))
-        key = (start_from, start_after_ms, group_id, mine, tuple(tps))
-        lookup = self._start_lookups.get(key)
-        if lookup is None:
-            lookup = self._start_lookups[key] = asyncio.ensure_future(
-                resolve_start(
-                    self.lookup,
-                    list(tps),
-                    start_from=start_from,
-                    start_after_ms=start_after_ms,
-                    committed=functools.partial(self.committed, group_id) if group_id else None,
-                    start_offsets=None if fixed is None else {self.topic: dict(mine or ())},
-                )
-            )
+            async def committed(todo: list[TopicPartition]) -> dict[TopicPartition, int]:
+                return await self.connection.committed(group_id, todo)
 
-            def answered(done: asyncio.Future[dict[TopicPartition, int]]) -> None:
-                if self._start_lookups.get(key) is done:
-                    del self._start_lookups[key]
-                if not done.cancelled():
-                    done.exception()  # retrieved here: every asker may have been cancelled
+        return await resolve_start(
+            self.connection.lookups,
+            list(tps),
+            start_from=start_from,
+            start_after_ms=start_after_ms,
+            committed=committed,
+            start_offsets=None if fixed is None else {self.topic: dict(fixed.get(self.topic, {}))},
+        )
 
-            lookup.add_done_callback(answered)
-        return dict(await asyncio.shield(lookup))
 
-    # ------------------------------------------------------------------ catch-up
-    def catch_up(self, waiter: Waiter) -> None:
-        """Have a shared pass bring ``waiter`` (behind this reader) up to it, then attach it.
+class ConnectionReader:
+    """Every wait on one Airflow connection in this process: one fetch consumer for all topics.
 
-        Joins the running pass if that has not yet gone past the waiter's position; otherwise
-        the waiter is in the next pass, which starts when the running one is done.
-        """
-        running = self.catching_up
-        if running is not None and waiter.join(running):
+    Topics are joined and left by the waits (:meth:`join`, :meth:`leave`, reference-counted).
+    A new topic is looked up together with every other topic joined at the same time (one
+    metadata request, one end-offsets lookup) and its partitions are added to the fetch
+    consumer's assignment; the partitions of a topic nobody waits on any more are dropped from
+    it at the next turn of the fetch loop. Every ``PARTITION_REFRESH_SECONDS`` one metadata
+    request for all topics finds new partitions, topics that appeared and logs cut back.
+    """
+
+    def __init__(self, conn_id: str, options: dict[str, Any]) -> None:
+        self.conn_id = conn_id
+        self.options = options
+        self.gates: ConnectGates = gates_for(conn_id)
+        self.topics: dict[str, TopicReader] = {}
+        self.fetch: AIOKafkaConsumer | None = None
+        self.lookup: AIOKafkaConsumer | None = None
+        self.lookups = BatchedLookups(conn_id, self._lookup_consumer, self.retry_delay, lambda: self.gates.down)
+        self._committed = CommittedOffsets(options, self.gates)
+        self.catch_ups = CatchUps(self)
+        self.fetches = 0
+        #: Metadata requests made by this reader's own loop (admissions and refreshes).
+        self.metadata_requests = 0
+        self._pending: dict[str, TopicReader] = {}
+        self._assigned: set[TopicPartition] = set()
+        self._reassign = False
+        self._fetch_wake: asyncio.Future[None] | None = None
+        self._metadata_wake = asyncio.Event()
+        self._lookup_lock = asyncio.Lock()
+        self._fresh_metadata: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    async def open(cls, conn_id: str) -> ConnectionReader:
+        """A reader for ``conn_id`` (its connection resolved; no broker contacted yet)."""
+        return cls(conn_id, await load_client_options(conn_id))
+
+    @staticmethod
+    async def close_reader(reader: ConnectionReader) -> None:
+        await reader.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.lookups.close()
+        await self.catch_ups.close()
+        consumers = [c for c in (self.fetch, self.lookup) if c is not None]
+        self.fetch = self.lookup = None
+        await asyncio.gather(*(c.stop() for c in consumers), self._committed.close(), return_exceptions=True)
+        if tasks:
+            log.info("Kafka reader for %s closed", self.conn_id)
+
+    def _start_tasks(self) -> None:
+        if not self._tasks and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._tasks = [
+                loop.create_task(self._metadata_loop(), name=f"kafka-metadata:{self.conn_id}"),
+                loop.create_task(self._fetch_loop(), name=f"kafka-fetch:{self.conn_id}"),
+            ]
+
+    # -------------------------------------------------------------------- topics
+    def join(self, topic: str) -> TopicReader:
+        """The topic's reader, with one more wait on it (looked up in the next batch if new)."""
+        reader = self.topics.get(topic)
+        if reader is None:
+            reader = self.topics[topic] = TopicReader(self, topic)
+            self._pending[topic] = reader
+            self._metadata_wake.set()
+            self._start_tasks()
+        reader.refs += 1
+        return reader
+
+    def leave(self, reader: TopicReader) -> None:
+        """One wait fewer on the topic; the last one drops it (from the fetch at the next turn)."""
+        reader.refs -= 1
+        if reader.refs > 0 or self.topics.get(reader.topic) is not reader:
             return
-        waiter.behind.discard(self.topic)
-        self._late[waiter] = None
-        self._late_arrived.set()
-        if self._passes is None:
-            self._passes = asyncio.get_running_loop().create_task(
-                self._run_passes(), name=f"kafka-catch-up:{self.topic}"
-            )
+        del self.topics[reader.topic]
+        self._pending.pop(reader.topic, None)
+        self.catch_ups.drop(reader)
+        if reader.positions:
+            self._reassign = True  # no wake: dropping partitions can wait for the next turn
 
-    async def _run_passes(self) -> None:
-        """Run passes while late waiters arrive; keep the consumer a little while, then close it."""
-        consumer: AIOKafkaConsumer | None = None
-        failures = 0
-        try:
-            while True:
-                if not self._late:
-                    self._late_arrived.clear()
-                    if consumer is not None and consumer.assignment():
-                        consumer.unsubscribe()  # stop prefetching while idle
-                    try:
-                        await asyncio.wait_for(self._late_arrived.wait(), CATCH_UP_LINGER_SECONDS)
-                    except asyncio.TimeoutError:
-                        if not self._late:
-                            return
-                    continue
-                if consumer is None:
-                    try:
-                        consumer = await open_consumer(self.options)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:
-                        failures += 1
-                        await self._back_off(exc, failures, "catch-up")
-                        continue
-                    failures = 0
-                # Everyone who arrived while the consumer started goes in this pass.
-                self.catching_up = run = CatchUpPass(self, list(self._late))
-                self.passes += 1
-                await run.take(self._late)
-                await self._read_pass(run, consumer)
-                self.catching_up = None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # fatal: every waiter, the pass's included, ends with it
-            self._fail(exc if isinstance(exc, WaitError) else FatalError(f"unexpected {type(exc).__name__}: {exc}"))
-        finally:
-            self.catching_up = self._passes = None
-            if consumer is not None:
-                await consumer.stop()
+    async def committed(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The group's committed offsets (read-only: no join, no commit); -1 where none."""
+        return await self._committed(group_id, tps)
 
-    async def _read_pass(self, run: CatchUpPass, consumer: AIOKafkaConsumer) -> None:
-        """Read until the pass is level with the reader (then hand over) or has nobody left."""
-        from aiokafka.errors import OffsetOutOfRangeError
+    def retry_delay(self, failures: int) -> float:
+        """How long to wait after a transient failure: until a broker may be tried again when
+        the gate holds the connections back, else the usual backoff."""
+        if self.gates.down:
+            waits = [gate.seconds_to_wait() for gate in self.gates.gates.values() if gate.down]
+            return max(min(waits, default=0.0), MIN_RETRY_DELAY)
+        return full_jitter(failures, base=0.5, cap=30.0)
 
-        assigned: set[TopicPartition] = set()
-        failures = 0
-        while True:
-            run.extend()
-            if not run.groups:
-                return
-            if run.level():
-                if run.hand_over():
-                    return
-                await asyncio.sleep(0)
-                continue
-            if assigned != set(run.positions):
-                assigned = set(run.positions)
-                consumer.assign(sorted(assigned))
-                for tp, offset in run.positions.items():
-                    consumer.seek(tp, offset)
-            try:
-                batch = await consumer.getmany(timeout_ms=FETCH_WAIT_MS, max_records=MAX_RECORDS_PER_FETCH)
-            except asyncio.CancelledError:
-                raise
-            except OffsetOutOfRangeError as exc:
-                assert self.lookup is not None
-                for tp, target in (await clamp_to_log(self.lookup, exc)).items():
-                    run.rewind(tp, target)
-                    consumer.seek(tp, target)
-                continue
-            except Exception as exc:
-                failures += 1
-                await self._back_off(exc, failures, "catch-up")
-                continue
-            failures = 0
-            if batch:
-                await run._dispatch(batch)
-            run.sync_positions(consumer)
+    async def _lookup_consumer(self) -> AIOKafkaConsumer:
+        """The consumer answering metadata and offset lookups, started on first use.
 
-    async def _back_off(self, exc: Exception, failures: int, what: str) -> None:
-        """Sleep after a transient error (capped, full jitter); raise a fatal one."""
-        error = classify_kafka_error(exc) or TransientError(f"{type(exc).__name__}: {exc}")
-        if not isinstance(error, TransientError):
-            raise error from exc
-        delay = full_jitter(failures, base=0.5, cap=30.0)
-        log.warning("Kafka %s for %s: %s; retrying in %.2fs", what, self.topic, redact(error.message), delay)
-        await asyncio.sleep(delay)
+        Separate from the fetch consumer: a broker answers a connection's requests in order,
+        so lookups queued behind a long-poll fetch would wait for it.
+        """
+        async with self._lookup_lock:
+            if self.lookup is None:
+                topics = set(self.topics)
+                self.lookup = await start_consumer(
+                    self.options, topics=topics, gates=self.gates, metadata_max_age_ms=METADATA_MAX_AGE_MS
+                )
+                self._fresh_metadata = topics  # its bootstrap just described these
+            return self.lookup
 
-    def _fail(self, error: WaitError) -> None:
-        log.error("Kafka reader for %s failed: %s", self.topic, redact(error.message))
-        self.fatal = error
-        for waiter in self.everyone():
-            waiter.wake.set()
+    async def _describe(self, consumer: AIOKafkaConsumer) -> TopicsAnswer:
+        """What the broker says about every topic waited on (one metadata request, or none if
+        the lookup consumer's bootstrap just answered for exactly these)."""
+        fresh, self._fresh_metadata = self._fresh_metadata, set()
+        if set(self.topics) <= fresh:
+            return describe_topics(consumer, self.topics)
+        self.metadata_requests += 1
+        return await refresh_topics(consumer, self.topics)
 
-    # ------------------------------------------------------------------ the loop
-    async def _run(self) -> None:
-        from aiokafka.errors import OffsetOutOfRangeError
-
-        assert self.consumer is not None
+    # --------------------------------------------------------------- metadata loop
+    async def _metadata_loop(self) -> None:
+        """Look up topics as they are joined; refresh every topic's partitions periodically."""
+        quiet_aiokafka()
+        await import_aiokafka()
         failures = 0
         next_refresh = time.monotonic() + PARTITION_REFRESH_SECONDS
         while True:
+            self._metadata_wake.clear()
+            if not self._pending and time.monotonic() < next_refresh:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._metadata_wake.wait(), next_refresh - time.monotonic())
+                continue
+            admitting = bool(self._pending)
             try:
-                if self.positions:
-                    batch = await self.consumer.getmany(timeout_ms=FETCH_WAIT_MS, max_records=MAX_RECORDS_PER_FETCH)
-                    self.fetches += 1
-                    if batch:
-                        await self._dispatch(batch)
-                    self.sync_positions(self.consumer)
+                if admitting:
+                    await self._admit()
                 else:
-                    await asyncio.sleep(max(0.0, next_refresh - time.monotonic()))
-                if time.monotonic() >= next_refresh:
                     next_refresh = time.monotonic() + PARTITION_REFRESH_SECONDS
-                    await self.refresh()
+                    await self._refresh()
                 if failures:
-                    log.info("Kafka reader for %s recovered after %d error(s)", self.topic, failures)
+                    log.info("Kafka reader for %s recovered after %d error(s)", self.conn_id, failures)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = classify_kafka_error(exc) or FatalError(
+                    f"unexpected {describe_exception(exc)}", error_type=ErrorType.INTERNAL
+                )
+                if not isinstance(error, TransientError):
+                    failed = list(self._pending.values()) if admitting else list(self.topics.values())
+                    log.error(
+                        "Kafka reader for %s: %d topic(s) failed: %s", self.conn_id, len(failed), redact(error.message)
+                    )
+                    for reader in failed:
+                        reader.fail(error)
+                        self._pending.pop(reader.topic, None)
+                    continue
+                failures += 1
+                await self._pause(error, failures, "looking up topics" if admitting else "refreshing topics")
+
+    async def _pause(self, error: WaitError, failures: int, what: str) -> None:
+        delay = self.retry_delay(failures)
+        log.log(
+            logging.DEBUG if self.gates.down else logging.WARNING,  # the gate already said why
+            "Kafka reader for %s: %s failed (%s); retrying in %.2fs",
+            self.conn_id,
+            what,
+            redact(error.message),
+            delay,
+        )
+        await asyncio.sleep(delay)
+
+    async def _admit(self) -> None:
+        """Look up every topic joined since the last call: one metadata request, one end-offsets
+        lookup; each existing one starts at its log end."""
+        from aiokafka import TopicPartition
+
+        consumer = await self._lookup_consumer()
+        batch = list(self._pending.values())
+        answer = await self._describe(consumer)
+        new: list[TopicPartition] = []
+        for reader in batch:
+            if reader.topic in answer.unauthorized:
+                reader.fail(
+                    FatalError(f"not authorized to describe topic {reader.topic!r}", error_type=ErrorType.AUTHORIZATION)
+                )
+            elif reader.topic in answer.partitions:
+                new.extend(TopicPartition(reader.topic, p) for p in sorted(answer.partitions[reader.topic]))
+        ends = await consumer.end_offsets(new) if new else {}
+        for reader in batch:
+            if self._pending.get(reader.topic) is not reader:
+                continue  # left meanwhile
+            del self._pending[reader.topic]
+            if reader.fatal is None and reader.topic in answer.partitions:
+                reader.known = True
+                for partition in sorted(answer.partitions[reader.topic]):
+                    tp = TopicPartition(reader.topic, partition)
+                    reader.origins[tp] = reader.positions[tp] = int(ends[tp])
+            reader.resolved.set()
+        if new:
+            self._wake_fetch()
+
+    async def _refresh(self) -> None:
+        """Pick up topics that appeared, partitions that were added, and logs that were cut back."""
+        from aiokafka import TopicPartition
+
+        if not self.topics:
+            return
+        consumer = await self._lookup_consumer()
+        readers = list(self.topics.values())
+        answer = await self._describe(consumer)
+        new: list[TopicPartition] = []
+        for reader in readers:
+            if reader.topic in answer.unauthorized:
+                reader.fail(
+                    FatalError(f"not authorized to describe topic {reader.topic!r}", error_type=ErrorType.AUTHORIZATION)
+                )
+                continue
+            partitions = answer.partitions.get(reader.topic)
+            if partitions is None:
+                if reader.known:
+                    log.warning("Kafka topic %s is not visible on %s; still waiting for it", reader.topic, self.conn_id)
+                reader.known = False
+                continue
+            reader.known = True
+            tps = (TopicPartition(reader.topic, p) for p in sorted(partitions))
+            new.extend(tp for tp in tps if tp not in reader.positions)
+        if new:
+            # Partitions (or a whole topic) that appear later hold only messages newer than the
+            # reader: read them from their beginning.
+            begins = await consumer.beginning_offsets(new)
+            for tp in new:
+                grown = self.topics.get(tp.topic)
+                if grown is not None:
+                    grown.origins[tp] = grown.positions[tp] = int(begins[tp])
+            added = sorted(f"{tp.topic}[{tp.partition}]" for tp in new)
+            log.info("Kafka on %s: new partitions %s", self.conn_id, added)
+            self._wake_fetch()
+        known = [tp for reader in self.topics.values() if reader.known for tp in reader.positions]
+        ends = await consumer.end_offsets(known) if known else {}
+        for tp, end in ends.items():
+            cut = self.topics.get(tp.topic)
+            if cut is not None and cut.positions.get(tp, 0) > end:
+                await self._reset_beyond_end(cut, tp, int(end))
+
+    # ------------------------------------------------------------------ fetching
+    def _wake_fetch(self) -> None:
+        self._reassign = True
+        if self._fetch_wake is not None and not self._fetch_wake.done():
+            self._fetch_wake.set_result(None)
+
+    async def _fetch_loop(self) -> None:
+        quiet_aiokafka()
+        await import_aiokafka()
+        from aiokafka.errors import OffsetOutOfRangeError, TopicAuthorizationFailedError
+
+        failures = 0
+        last_sync = time.monotonic()
+        while True:
+            try:
+                if self._reassign:
+                    await self._apply_assignment()
+                    continue
+                if not self._assigned:
+                    self._fetch_wake = asyncio.get_running_loop().create_future()
+                    await self._fetch_wake
+                    continue
+                batch = await self._fetch_once()
+                if batch:
+                    await self._dispatch(batch)
+                if not batch or time.monotonic() - last_sync >= POSITION_SYNC_SECONDS:
+                    self._sync_positions(None)
+                    last_sync = time.monotonic()
+                else:
+                    self._sync_positions({tp.topic for tp in batch})
+                if failures:
+                    log.info("Kafka reader for %s recovered after %d error(s)", self.conn_id, failures)
                 failures = 0
             except asyncio.CancelledError:
                 raise
             except OffsetOutOfRangeError as exc:
                 await self._out_of_range(exc)
+            except TopicAuthorizationFailedError as exc:
+                error = classify_kafka_error(exc)
+                assert error is not None
+                topic = failed_topic(exc)
+                for reader in [self.topics[topic]] if topic in self.topics else list(self.topics.values()):
+                    reader.fail(error)
+                    reader.positions.clear()
+                self._reassign = True
             except Exception as exc:
-                failures += 1
-                try:
-                    await self._back_off(exc, failures, "reader")
-                except WaitError as error:
-                    self._fail(error)
+                error = classify_kafka_error(exc) or FatalError(
+                    f"unexpected {describe_exception(exc)}", error_type=ErrorType.INTERNAL
+                )
+                if not isinstance(error, TransientError):
+                    log.error("Kafka reader for %s failed: %s", self.conn_id, redact(error.message))
+                    for reader in list(self.topics.values()):
+                        reader.fail(error)
                     return
+                failures += 1
+                await self._pause(error, failures, "fetching")
 
-    async def refresh(self, *, initial: bool = False) -> None:
-        """Pick up a topic that appeared, partitions that were added, and logs that were cut back."""
-        async with self._refresh_lock:
-            await self._refresh(initial)
+    async def _apply_assignment(self) -> None:
+        """Assign the fetch consumer the partitions of every topic waited on, at our positions."""
+        readers = [r for r in self.topics.values() if r.known and r.fatal is None]
+        wanted = {tp: position for r in readers for tp, position in r.positions.items()}
+        if self.fetch is None:
+            if not wanted:
+                self._reassign = False
+                self._assigned = set()
+                return
+            self.fetch = await start_consumer(
+                self.options,
+                topics={tp.topic for tp in wanted},
+                gates=self.gates,
+                metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            )
+            return  # topics may have come or gone while it started: the loop looks again
+        self._reassign = False
+        if set(wanted) != self._assigned:
+            self.fetch.assign(list(wanted))
+            for tp, position in wanted.items():
+                self.fetch.seek(tp, position)
+        self._assigned = set(wanted)
 
-    async def _refresh(self, initial: bool) -> None:
-        from aiokafka import TopicPartition
+    async def _fetch_once(self) -> dict[TopicPartition, list[Any]]:
+        """One fetch, cut short when partitions are added (so a new topic is read at once)."""
+        assert self.fetch is not None
+        self._fetch_wake = wake = asyncio.get_running_loop().create_future()
+        fetch = self.fetch.getmany(timeout_ms=FETCH_WAIT_MS, max_records=MAX_RECORDS_PER_FETCH)
+        fetching = asyncio.ensure_future(fetch)
+        try:
+            await asyncio.wait({fetching, wake}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not fetching.done():
+                fetching.cancel()
+                await asyncio.gather(fetching, return_exceptions=True)
+        self.fetches += 1
+        if fetching.cancelled():
+            return {}
+        return fetching.result()
 
-        assert self.consumer is not None and self.lookup is not None
-        partitions = await topic_partitions(self.lookup, self.topic)
-        if partitions is None:
-            if self.known:
-                log.warning("Kafka topic %s is not visible on %s; still waiting for it", self.topic, self.conn_id)
-            self.known = False
+    async def _dispatch(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
+        by_topic: dict[str, dict[TopicPartition, list[Any]]] = collections.defaultdict(dict)
+        for tp, records in batch.items():
+            by_topic[tp.topic][tp] = records
+        pace = Pace()
+        for topic, part in by_topic.items():
+            reader = self.topics.get(topic)
+            if reader is not None and reader.known:
+                await reader._dispatch(part, pace)
+
+    def _sync_positions(self, topics: set[str] | None) -> None:
+        """Move past offsets the consumer skipped without returning records (gaps, control batches)."""
+        if self.fetch is None:
             return
-        if not self.known:
-            await track_topic(self.lookup, self.topic)
-        self.known = True
-        new = [tp for tp in (TopicPartition(self.topic, p) for p in sorted(partitions)) if tp not in self.positions]
-        if new:
-            # The reader starts at the log end. Partitions (or a whole topic) that appear later
-            # hold only messages newer than the reader: read them from their beginning (a wait
-            # started from offsets keeps them all; one started from a moment keeps what was
-            # stamped at or after it).
-            if initial:
-                starts = await self.lookup.end_offsets(new)
-            else:
-                starts = await self.lookup.beginning_offsets(new)
-            for tp in new:
-                self.origins[tp] = self.positions[tp] = int(starts[tp])
-            self.consumer.assign(list(self.positions))
-            for tp, offset in self.positions.items():
-                self.consumer.seek(tp, offset)
-            if len(new) != len(self.positions):
-                log.info("Kafka topic %s gained partitions %s", self.topic, [tp.partition for tp in new])
-            return
-        ends = await self.lookup.end_offsets(list(self.positions))
-        for tp, end in ends.items():
-            if self.positions.get(tp, 0) > end:
-                await self._reset_beyond_end(tp, int(end))
+        for reader in self.topics.values() if topics is None else (self.topics[t] for t in topics if t in self.topics):
+            if reader.known:
+                reader.sync_positions(self.fetch)
 
     async def _out_of_range(self, exc: Exception) -> None:
         """The broker no longer has our position: retention deleted it, or the log was cut back."""
-        assert self.lookup is not None
-        for tp, offset in out_of_range_offsets(exc).items():
-            begin = (await self.lookup.beginning_offsets([tp]))[tp]
-            end = (await self.lookup.end_offsets([tp]))[tp]
-            if offset < begin:
+        positions = out_of_range_offsets(exc)
+        begins = await self.lookups.beginning_offsets(list(positions))
+        ends = await self.lookups.end_offsets(list(positions))
+        for tp, offset in positions.items():
+            reader = self.topics.get(tp.topic)
+            if reader is None:
+                continue
+            if offset < begins[tp]:
                 log.warning(
                     "Kafka %s[%d]: offsets %d..%d were deleted before they were read",
                     tp.topic,
                     tp.partition,
                     offset,
-                    begin,
+                    begins[tp],
                 )
-                self._move(tp, int(begin))
+                self._move(reader, tp, int(begins[tp]))
             else:
-                await self._reset_beyond_end(tp, int(end))
+                await self._reset_beyond_end(reader, tp, int(ends[tp]))
 
-    async def _reset_beyond_end(self, tp: TopicPartition, end: int) -> None:
+    async def _reset_beyond_end(self, reader: TopicReader, tp: TopicPartition, end: int) -> None:
         """Our position is past the log end (topic recreated, unclean leader change): resume at the
         first message stamped at or after the last one we saw, so the new messages are not skipped."""
-        assert self.lookup is not None
         target = end
-        last = self.last_timestamp.get(tp)
+        last = reader.last_timestamp.get(tp)
         if last is not None:
-            found = (await self.lookup.offsets_for_times({tp: last})).get(tp)
+            found = (await self.lookups.offsets_for_times({tp: last})).get(tp)
             if found is not None and found.timestamp is not None and found.timestamp >= 0 and 0 <= found.offset <= end:
                 target = int(found.offset)
         log.warning(
             "Kafka %s[%d]: position %d is past the log end %d; resuming at %d",
             tp.topic,
             tp.partition,
-            self.positions[tp],
+            reader.positions[tp],
             end,
             target,
         )
-        self._move(tp, target)
+        self._move(reader, tp, target)
 
-    def _move(self, tp: TopicPartition, offset: int) -> None:
-        assert self.consumer is not None
-        self.rewind(tp, offset)
-        self.consumer.seek(tp, offset)
-
-
-# ============================================================================ own pace
-async def read_on_own(
-    consumer: AIOKafkaConsumer,
-    waiter: Waiter,
-    targets: Mapping[TopicPartition, int],
-    settle: Callable[[KafkaMessage, str, Decision | None], Awaitable[T | None]],
-) -> T | None:
-    """One fetch on a private consumer: examine what came back, advance the waiter's cursors.
-
-    ``settle`` turns a message the waiter's condition cares about into the wait's outcome (or
-    ``None`` to go on); the first outcome ends the read, leaving later messages unexamined.
-    """
-    from aiokafka.errors import OffsetOutOfRangeError
-
-    wanted = set(targets)
-    if consumer.assignment() != wanted:
-        consumer.assign(sorted(wanted))
-        for tp in wanted:
-            consumer.seek(tp, waiter.cursor[tp])
-    try:
-        batch = await consumer.getmany(timeout_ms=FETCH_WAIT_MS, max_records=MAX_RECORDS_PER_FETCH)
-    except OffsetOutOfRangeError as exc:
-        # The read fell outside the log (deleted by retention, or cut back): move into it.
-        for tp, target in (await clamp_to_log(consumer, exc)).items():
-            waiter.cursor[tp] = target
-            consumer.seek(tp, target)
-        return None
-    for tp, records in batch.items():
-        for record in records:
-            message = KafkaMessage(record)
-            if not waiter.admit(message, tp):
-                continue
-            if waiter.count(message) is not None:
-                continue
-            outcome = waiter.spec.evaluate(message)
-            if outcome is not None:
-                found = await settle(message, *outcome)
-                if found is not None:
-                    return found
-    for tp in wanted:
-        position = known_position(consumer, tp)
-        if position is not None and position > waiter.cursor.get(tp, 0):
-            waiter.cursor[tp] = position
-    return None
+    def _move(self, reader: TopicReader, tp: TopicPartition, offset: int) -> None:
+        reader.rewind(tp, offset)
+        if self.fetch is not None and tp in self._assigned:
+            self.fetch.seek(tp, offset)
 
 
-class OwnPace:
-    """The private consumers of one wait that reads at its own pace (its predicate fell behind).
-
-    One per topic, taken from a per-connection allowance of :data:`MAX_CATCHUPS_PER_CONNECTION`
-    so that many slow waits cannot open many consumers; closed as soon as the wait rejoins.
-    """
-
-    def __init__(self, conn_id: str) -> None:
-        self.conn_id = conn_id
-        self.consumers: dict[str, AIOKafkaConsumer] = {}
-        self._slots_held: dict[str, asyncio.Semaphore] = {}
-
-    async def open(self, topic: str, options: Mapping[str, Any]) -> AIOKafkaConsumer:
-        slot = _catchup_slot(self.conn_id)
-        await slot.acquire()
-        self._slots_held[topic] = slot
-        try:
-            consumer = await open_consumer(options)
-        except BaseException:
-            self._slots_held.pop(topic).release()
-            raise
-        self.consumers[topic] = consumer
-        return consumer
-
-    async def close(self, topic: str) -> None:
-        consumer = self.consumers.pop(topic, None)
-        if consumer is not None:
-            await consumer.stop()
-        slot = self._slots_held.pop(topic, None)
-        if slot is not None:
-            slot.release()
-
-    async def close_all(self) -> None:
-        for topic in list(self.consumers):
-            await self.close(topic)
-        for topic, slot in list(self._slots_held.items()):
-            slot.release()
-            del self._slots_held[topic]
-
-
-_catchup_slots: PerLoop[dict[str, asyncio.Semaphore]] = PerLoop(dict)
-
-
-def _catchup_slot(conn_id: str) -> asyncio.Semaphore:
-    slots = _catchup_slots.get()
-    if conn_id not in slots:
-        slots[conn_id] = asyncio.Semaphore(MAX_CATCHUPS_PER_CONNECTION)
-    return slots[conn_id]
-
-
-__all__ = ["OwnPace", "TopicReader", "open_consumer", "read_on_own"]
+__all__ = [
+    "FETCH_WAIT_MS",
+    "MAX_RECORDS_PER_FETCH",
+    "PARTITION_REFRESH_SECONDS",
+    "ConnectionReader",
+    "TopicReader",
+]

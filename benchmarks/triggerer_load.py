@@ -30,6 +30,11 @@ Usage::
 
     python -m benchmarks.triggerer_load --kind s3 --impl kit --n 1000 --poll-interval 5 --hold 10
 
+Kafka layouts: ``kafka`` puts every wait on one topic (``bench``, 4 partitions); ``kafka-topics``
+puts wait ``i`` on topic ``bench-{i % topics}`` (``--topics``, default one topic per wait, as the
+official ``AwaitMessageSensor`` is used), 2 partitions each. ``--unrelated-topics`` fills the
+broker with that many other topics first (a cluster where asking for every topic is costly).
+
 Prints one JSON line. Run it with ``PYTHONPATH`` at the repository root.
 """
 
@@ -55,9 +60,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("s3", "s3-one-prefix", "http", "postgres", "kafka", "datetime")
+KINDS = ("s3", "s3-one-prefix", "http", "postgres", "kafka", "kafka-topics", "datetime")
 BUCKET = "bench"
 TOPIC = "bench"
+#: ``kafka-topics``: wait ``i`` is on topic ``bench-{i % topics}``, each of this many partitions.
+TOPIC_PARTITIONS = 2
+#: Topics created per admin request when the flipper fills the broker.
+TOPICS_PER_REQUEST = 500
 SHARED_OTHER_OBJECTS = 100
 #: Kinds whose every poll is exactly one request (waits on one S3 prefix share listings).
 POLL_IS_ONE_REQUEST = ("s3", "http")
@@ -194,7 +203,7 @@ def servers(kind: str):  # type: ignore[no-untyped-def]
     elif kind == "postgres":
         with services.postgres() as pg:
             yield pg.dsn, None
-    elif kind == "kafka":
+    elif kind.startswith("kafka"):
         with services.kafka() as broker:
             yield broker.bootstrap_servers, broker.process.pid if broker.process else None
     else:
@@ -202,12 +211,17 @@ def servers(kind: str):  # type: ignore[no-untyped-def]
 
 
 # -------------------------------------------------------------------------------- flipper
-def flipper_main(kind: str, n: int, endpoint: str) -> None:
+def flipper_main(kind: str, n: int, endpoint: str, topics: int = 0, unrelated: int = 0) -> None:
     """Separate process: prepare the server, print READY, flip on a line from stdin, print times."""
-    asyncio.run(_flipper(kind, n, endpoint))
+    asyncio.run(_flipper(kind, n, endpoint, topics, unrelated))
 
 
-async def _flipper(kind: str, n: int, endpoint: str) -> None:
+def topic_of(kind: str, i: int, topics: int) -> str:
+    """The topic wait ``i`` is on."""
+    return TOPIC if kind == "kafka" else f"{TOPIC}-{i % topics}"
+
+
+async def _flipper(kind: str, n: int, endpoint: str, topics: int = 0, unrelated: int = 0) -> None:
     out = sys.stdout
     loop = asyncio.get_running_loop()
     if kind.startswith("s3"):
@@ -261,19 +275,31 @@ async def _flipper(kind: str, n: int, endpoint: str) -> None:
         await conn.execute("INSERT INTO markers SELECT g, 'ready' FROM generate_series(0, $1::int - 1) g", n)
         times = [time.time()] * n
         await conn.close()
-    elif kind == "kafka":
+    elif kind.startswith("kafka"):
         from aiokafka import AIOKafkaProducer
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=endpoint)
+        admin = AIOKafkaAdminClient(bootstrap_servers=endpoint, request_timeout_ms=120_000)
         await admin.start()
-        await admin.create_topics([NewTopic(TOPIC, num_partitions=4, replication_factor=1)])
+        if kind == "kafka":
+            wanted = [NewTopic(TOPIC, num_partitions=4, replication_factor=1)]
+        else:
+            wanted = [
+                NewTopic(f"{TOPIC}-{t}", num_partitions=TOPIC_PARTITIONS, replication_factor=1) for t in range(topics)
+            ]
+        wanted += [NewTopic(f"unrelated-{j}", num_partitions=1, replication_factor=1) for j in range(unrelated)]
+        for start in range(0, len(wanted), TOPICS_PER_REQUEST):
+            await admin.create_topics(wanted[start : start + TOPICS_PER_REQUEST])
         await admin.close()
         producer = AIOKafkaProducer(bootstrap_servers=endpoint, linger_ms=5)
         await producer.start()
         # A few unrelated messages so every reader has something to skip.
-        for j in range(10):
-            await producer.send_and_wait(TOPIC, json.dumps({"id": -1 - j}).encode())
+        if kind == "kafka":
+            for j in range(10):
+                await producer.send_and_wait(TOPIC, json.dumps({"id": -1 - j}).encode())
+        else:
+            sent = [await producer.send(f"{TOPIC}-{t}", json.dumps({"id": -1 - t}).encode()) for t in range(topics)]
+            await asyncio.gather(*sent)
         print("READY", file=out, flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
         times = [0.0] * n
@@ -283,7 +309,7 @@ async def _flipper(kind: str, n: int, endpoint: str) -> None:
 
         futures = []
         for i in range(n):
-            fut = await producer.send(TOPIC, json.dumps({"id": i}).encode(), key=str(i).encode())
+            fut = await producer.send(topic_of(kind, i, topics), json.dumps({"id": i}).encode(), key=str(i).encode())
             fut.add_done_callback(stamp(i))
             futures.append(fut)
         await asyncio.gather(*futures)
@@ -315,7 +341,7 @@ def connections(kind: str, impl: str, endpoint: str | None, n: int) -> dict[str,
         env["AIRFLOW_CONN_BENCH_PG"] = json.dumps(
             {"conn_type": "postgres", "host": "127.0.0.1", "port": int(port), "login": "postgres", "schema": "postgres"}
         )
-    elif kind == "kafka":
+    elif kind.startswith("kafka"):
         env["AIRFLOW_CONN_BENCH_KAFKA"] = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": endpoint}})
         if impl == "official":
             # The official trigger takes its group from the connection: one group per wait, so
@@ -326,7 +352,7 @@ def connections(kind: str, impl: str, endpoint: str | None, n: int) -> dict[str,
     return env
 
 
-def build(kind: str, impl: str, n: int, poll: float, target: str | None) -> list[Any]:
+def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics: int = 1) -> list[Any]:
     """N triggers, each rebuilt from its serialized kwargs the way the triggerer does."""
     made: list[Any] = []
     if impl == "kit":
@@ -336,7 +362,7 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None) -> list
             from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger as cls  # type: ignore[assignment]
         elif kind == "postgres":
             from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger as cls  # type: ignore[assignment]
-        elif kind == "kafka":
+        elif kind.startswith("kafka"):
             from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger as cls  # type: ignore[assignment]
         else:
             from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger as cls  # type: ignore[assignment]
@@ -350,9 +376,9 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None) -> list
                 kw = {"http_conn_id": "bench_http", "endpoint": f"ready/{i}"}
             elif kind == "postgres":
                 kw = {"postgres_conn_id": "bench_pg", "table": "markers", "match": {"id": i}}
-            elif kind == "kafka":
+            elif kind.startswith("kafka"):
                 kw = {
-                    "topics": [TOPIC],
+                    "topics": [topic_of(kind, i, topics)],
                     "kafka_conn_id": "bench_kafka",
                     "start_after_ms": start_ms,
                     "acceptors": [
@@ -385,12 +411,12 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None) -> list
         from airflow.providers.http.triggers.http import HttpSensorTrigger as ocls  # type: ignore[assignment]
 
         made = [ocls(endpoint=f"ready/{i}", http_conn_id="bench_http", poke_interval=poll) for i in range(n)]
-    elif kind == "kafka":
+    elif kind.startswith("kafka"):
         from airflow.providers.apache.kafka.triggers.await_message import AwaitMessageTrigger as ocls  # type: ignore[assignment]
 
         made = [
             ocls(
-                topics=[TOPIC],
+                topics=[topic_of(kind, i, topics)],
                 apply_function="benchmarks.kafka_match.match_id",
                 apply_function_args=[i],
                 kafka_config_id=f"bench_kafka_{i}",
@@ -460,7 +486,7 @@ async def measure(
     rss0 = rss_kb()
     target = dt.datetime.fromtimestamp(target_ts, tz=dt.timezone.utc).isoformat() if target_ts else None
     t_build = time.monotonic()
-    triggers = build(args.kind, args.impl, args.n, args.poll_interval, target)
+    triggers = build(args.kind, args.impl, args.n, args.poll_interval, target, args.topics)
     fired: dict[int, float] = {}
     events: dict[int, Any] = {}
     tasks = [asyncio.ensure_future(run_trigger(t, i, fired, events)) for i, t in enumerate(triggers)]
@@ -537,6 +563,7 @@ async def measure(
         "kind": args.kind,
         "impl": args.impl,
         "n": args.n,
+        **({"topics": args.topics, "unrelated_topics": args.unrelated_topics} if args.kind.startswith("kafka") else {}),
         "poll_interval": args.poll_interval,
         "warmup_s": args.warmup,
         "build_s": round(build_s, 2),
@@ -572,10 +599,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--freeze-gc", action="store_true", help="gc.freeze() after start-up, so full collections skip the imports"
     )
+    parser.add_argument("--topics", type=int, help="kafka-topics: how many topics the waits spread over (default N)")
+    parser.add_argument("--unrelated-topics", type=int, default=0, help="kafka: other topics on the broker")
     parser.add_argument("--flipper", nargs=3, metavar=("KIND", "N", "ENDPOINT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.topics is None:
+        args.topics = 1 if args.kind == "kafka" else max(args.n, 1)
     if args.flipper:
-        flipper_main(args.flipper[0], int(args.flipper[1]), args.flipper[2])
+        flipper_main(args.flipper[0], int(args.flipper[1]), args.flipper[2], args.topics, args.unrelated_topics)
         return 0
     if args.kind is None:
         parser.error("--kind is required")
@@ -597,7 +628,19 @@ def main(argv: list[str] | None = None) -> int:
         flipper = None
         if args.kind != "datetime":
             flipper = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.triggerer_load", "--flipper", args.kind, str(args.n), endpoint],
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.triggerer_load",
+                    "--flipper",
+                    args.kind,
+                    str(args.n),
+                    endpoint,
+                    "--topics",
+                    str(args.topics),
+                    "--unrelated-topics",
+                    str(args.unrelated_topics),
+                ],
                 cwd=ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -611,8 +654,8 @@ def main(argv: list[str] | None = None) -> int:
         # Import Airflow and the trigger modules (and their clients) before the baseline.
         import airflow  # noqa: F401
 
-        build(args.kind, args.impl, 1, args.poll_interval, dt.datetime.now(dt.timezone.utc).isoformat())
-        if args.kind == "kafka" and args.impl == "kit":
+        build(args.kind, args.impl, 1, args.poll_interval, dt.datetime.now(dt.timezone.utc).isoformat(), args.topics)
+        if args.kind.startswith("kafka") and args.impl == "kit":
             import aiokafka  # noqa: F401
         logging.getLogger().setLevel(logging.WARNING)
         for name in ("airflow", "airflow_deferrable_kit", "airflow.triggers", "aiokafka", "botocore"):

@@ -15,8 +15,8 @@ from typing import Any
 
 from airflow.sdk import Context
 
-from airflow_deferrable_kit._kafka_client import commit_offset, log_end_offsets
 from airflow_deferrable_kit._kafka_messages import canonical_acceptors
+from airflow_deferrable_kit._kafka_offsets import commit_offset, log_end_offsets
 from airflow_deferrable_kit.payload import SUCCESS
 from airflow_deferrable_kit.sensors.base import DeferrableSensor, is_unresolved
 from airflow_deferrable_kit.sensors.temporal import to_utc_iso
@@ -110,7 +110,9 @@ class KafkaMessageSensor(DeferrableSensor):
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            topics=[topics] if isinstance(topics, str) else list(topics),
+            # Anything but a name or a list of names (None, 7, a dict) goes on as given, for the
+            # trigger's validation to refuse naming the argument.
+            topics=[topics] if isinstance(topics, str) else list(topics) if isinstance(topics, tuple) else topics,
             kafka_conn_id=kafka_conn_id,
             acceptors=canonical_acceptors(acceptors=acceptors, success=success, failure=failure),
             predicate=predicate,

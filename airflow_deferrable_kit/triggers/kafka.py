@@ -36,15 +36,16 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from airflow_deferrable_kit._kafka_catchup import OwnPace, read_on_own
 from airflow_deferrable_kit._kafka_client import (
-    CommittedOffsets,
     classify_kafka_error,
+    describe_topics,
     load_client_options,
-    resolve_start,
-    topic_partitions,
-    track_topic,
+    quiet_aiokafka,
+    start_consumer,
 )
 from airflow_deferrable_kit._kafka_fanout import Waiter
+from airflow_deferrable_kit._kafka_gate import gates_for
 from airflow_deferrable_kit._kafka_messages import (
     FAILURE,
     MATCHERS,
@@ -55,7 +56,8 @@ from airflow_deferrable_kit._kafka_messages import (
     canonical_acceptors,
     capped_actual,
 )
-from airflow_deferrable_kit._kafka_reader import OwnPace, TopicReader, open_consumer, read_on_own
+from airflow_deferrable_kit._kafka_offsets import CommittedOffsets, resolve_start
+from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
 from airflow_deferrable_kit.conditions import ConditionSet, Decision, import_predicate
 from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, WaitError
 from airflow_deferrable_kit.payload import Found
@@ -112,6 +114,8 @@ class KafkaMessageTrigger(PollingTrigger):
         self._pending_topics: list[str] = []
         #: Consumers of its own, for catching up when its predicate fell behind the shared reader.
         self._own_pace = OwnPace(self.kafka_conn_id)
+        #: The topic readers this wait joined (each left once when it ends).
+        self._joined: dict[str, TopicReader] = {}
         self._scanning = False
         self._phased = False
         self._resume: dict[tuple[str, int], int] = {}
@@ -122,6 +126,8 @@ class KafkaMessageTrigger(PollingTrigger):
     def validate(self) -> None:
         if isinstance(self.topics, str):
             self.topics = [self.topics]
+        elif isinstance(self.topics, tuple):
+            self.topics = list(self.topics)
         if (
             not isinstance(self.topics, list)
             or not self.topics
@@ -136,8 +142,8 @@ class KafkaMessageTrigger(PollingTrigger):
                     f"topics: {topic!r} is not a legal Kafka topic name "
                     "(1-249 characters of letters, digits, '.', '_' and '-')"
                 )
-        if not isinstance(self.kafka_conn_id, str) or not self.kafka_conn_id:
-            raise ValueError(f"kafka_conn_id must be a non-empty string, got {self.kafka_conn_id!r}")
+        if not isinstance(self.kafka_conn_id, str) or not self.kafka_conn_id.strip():
+            raise ValueError(f"kafka_conn_id must be a non-empty connection id, got {self.kafka_conn_id!r}")
         if self.value_format not in VALUE_FORMATS:
             raise ValueError(f"value_format must be one of {', '.join(VALUE_FORMATS)}, got {self.value_format!r}")
         if not isinstance(self.acceptors, list):
@@ -212,6 +218,7 @@ class KafkaMessageTrigger(PollingTrigger):
         The check itself is the interruptible sleep: it returns the moment a match is delivered,
         and the base loop re-enters it at once (see :meth:`next_poll_delay`).
         """
+        quiet_aiokafka()  # this task's aiokafka lines (own-pace reads, scans) are reported by the kit
         if self._scanning:
             return await self._scan()
         waiter = self._waiter
@@ -220,9 +227,8 @@ class KafkaMessageTrigger(PollingTrigger):
             self._pending_topics = list(self.topics)
             if self.predicate is not None:
                 await self._import_predicate()
-        while self._pending_topics:
-            await self._join(self._pending_topics[0])
-            self._pending_topics.pop(0)
+        if self._pending_topics:
+            await self._join(self._pending_topics)
         interval = float(self.poll_interval)
         if not self._phased:
             # Waits that started together would otherwise all come back together every interval.
@@ -263,20 +269,33 @@ class KafkaMessageTrigger(PollingTrigger):
         except ValueError as exc:
             raise FatalError(str(exc), error_type=ErrorType.PREDICATE_ERROR) from exc
 
-    async def _join(self, topic: str) -> None:
-        """Lease the topic's shared reader, resolve where this wait starts, attach or fall behind."""
+    async def _join(self, topics: list[str]) -> None:
+        """Join the topics' shared readers, resolve where this wait starts, attach or fall behind.
+
+        Every topic is joined before any answer is awaited, so the connection looks them all up
+        in one batch (with every other wait's topics joined meanwhile).
+        """
         waiter = self._waiter
         assert waiter is not None
-        reader: TopicReader = await self.lease(
-            ("kafka-reader", self.kafka_conn_id, topic),
-            functools.partial(TopicReader.open, self.kafka_conn_id, topic),
-            TopicReader.close_reader,
+        connection: ConnectionReader = await self.lease(
+            ("kafka-connection", self.kafka_conn_id),
+            functools.partial(ConnectionReader.open, self.kafka_conn_id),
+            ConnectionReader.close_reader,
         )
-        waiter.readers[topic] = reader
+        for topic in topics:
+            if topic not in self._joined:
+                self._joined[topic] = waiter.readers[topic] = connection.join(topic)
+        while topics:
+            await self._start(topics[0])
+            topics.pop(0)
+
+    async def _start(self, topic: str) -> None:
+        waiter = self._waiter
+        assert waiter is not None
+        reader = self._joined[topic]
+        await reader.resolved.wait()
         if reader.fatal is not None:
             raise reader.fatal
-        if not reader.known:
-            await reader.refresh()
         if not reader.known:
             if not self.wait_for_topic:
                 raise self._unknown_topic(topic)
@@ -367,7 +386,7 @@ class KafkaMessageTrigger(PollingTrigger):
             behind = reader.behind(waiter)
             consumer = self._own_pace.consumers.get(topic)
             if consumer is None:
-                await self._own_pace.open(topic, reader.options)
+                await self._own_pace.open(reader)
                 continue
             found = await read_on_own(consumer, waiter, behind, self._settle)
             if found is not None:
@@ -390,20 +409,22 @@ class KafkaMessageTrigger(PollingTrigger):
         from aiokafka import TopicPartition
 
         options = await load_client_options(self.kafka_conn_id)
-        consumer = await open_consumer(options)
-        committed = CommittedOffsets(options)
+        gates = gates_for(self.kafka_conn_id)
+        consumer = await start_consumer(options, topics=self.topics, gates=gates, metadata_max_age_ms=300_000)
+        committed = CommittedOffsets(options, gates)
         self._waiter = waiter = Waiter(self._spec, start_from=self.start_from, start_after_ms=self.start_after_ms)
         try:
             if self.predicate is not None:
                 await self._import_predicate()
+            answer = describe_topics(consumer, self.topics)
+            answer.raise_unauthorized()
             for topic in self.topics:
-                partitions = await topic_partitions(consumer, topic)
+                partitions = answer.partitions.get(topic)
                 if partitions is None:
                     if self.wait_for_topic:
                         continue
                     raise self._unknown_topic(topic)
                 tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-                await track_topic(consumer, topic)
                 fresh = [tp for tp in tps if (tp.topic, tp.partition) not in self._resume]
                 for tp in tps:
                     if (tp.topic, tp.partition) in self._resume:
@@ -441,6 +462,9 @@ class KafkaMessageTrigger(PollingTrigger):
                 waiter.detach(topic)
             for reader in waiter.readers.values():
                 reader.forget(waiter)
+        joined, self._joined = self._joined, {}
+        for reader in joined.values():
+            reader.connection.leave(reader)
         await self._own_pace.close_all()
         await super().release()
 

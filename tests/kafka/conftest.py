@@ -1,6 +1,6 @@
 """Fixtures for the Kafka wait: the shared broker, per-test topics, a producer, socket counting,
 a task state store and task contexts for retries, and private brokers for the tests that restart
-one or require authentication."""
+one, require authentication, hold thousands of topics or sit behind an outage proxy."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import json
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,8 +22,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from airflow_deferrable_kit import _kafka_reader
+from airflow_deferrable_kit import _kafka_catchup, _kafka_reader, clients
+from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
+from airflow_deferrable_kit.testing import run_trigger
+from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 from scripts import services
+from tests.kafka.proxy import OutageProxy
 
 _names = itertools.count()
 
@@ -91,6 +96,19 @@ async def create_topic(bootstrap: str, name: str, partitions: int = 3) -> str:
     return name
 
 
+async def create_topics(bootstrap: str, names: Sequence[str], partitions: int = 1, batch: int = 500) -> list[str]:
+    """Create many topics through one admin client, ``batch`` per request (500 take ~0.2 s)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        for start in range(0, len(names), batch):
+            chunk = names[start : start + batch]
+            await admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1) for n in chunk])
+    finally:
+        await admin.close()
+    return list(names)
+
+
 async def commit(bootstrap: str, group: str, topic: str, offsets: Mapping[int, int]) -> None:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
@@ -120,6 +138,91 @@ async def eventually(condition: Callable[[], Any], timeout: float = 10.0) -> Non
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition never became true")
         await asyncio.sleep(0.02)
+
+
+def make(topic: str | list[str], conn: str, **kwargs: Any) -> KafkaMessageTrigger:
+    kwargs.setdefault("poll_interval", 0.1)
+    return KafkaMessageTrigger(topics=[topic] if isinstance(topic, str) else topic, kafka_conn_id=conn, **kwargs)
+
+
+def key_is(value: str, state: str = "success") -> dict[str, Any]:
+    return {"state": state, "matcher": "key", "comparator": "equals", "expected": value}
+
+
+def path_is(path: str, value: Any, state: str = "success", comparator: str = "equals") -> dict[str, Any]:
+    return {"state": state, "matcher": "path", "argument": path, "comparator": comparator, "expected": value}
+
+
+async def produce_elsewhere(bootstrap: str, topic: str, *messages: Message) -> list[tuple[int, int]]:
+    """Produce from another thread and loop, so the producer's own work is not measured as ours."""
+    return await asyncio.to_thread(asyncio.run, produce(bootstrap, topic, *messages))
+
+
+async def produce_to_each(bootstrap: str, messages: Sequence[tuple[str, Message]]) -> list[tuple[int, int]]:
+    """One message per (topic, message), through one producer in another thread and loop."""
+
+    async def send_all() -> list[tuple[int, int]]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        await producer.start()
+        try:
+            futures = [
+                await producer.send(topic, value=_encode(m), key=m.key.encode() if isinstance(m.key, str) else m.key)
+                for topic, m in messages
+            ]
+            return [((meta := await future).partition, meta.offset) for future in futures]
+        finally:
+            await producer.stop()
+
+    return await asyncio.to_thread(asyncio.run, send_all())
+
+
+async def waiting(trigger: KafkaMessageTrigger, topic: str) -> asyncio.Future[Any]:
+    """Run ``trigger`` to its event in the background; return once it waits on ``topic``'s reader."""
+    task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
+    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
+    return task
+
+
+async def recreate_topic(bootstrap: str, name: str, partitions: int) -> None:
+    """Grow a topic's partition set: tansu 0.6 has no CreatePartitions, so delete and recreate it;
+    the reader sees the new partitions appear, as after a real partition add."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([name])
+    finally:
+        await admin.close()
+    await create_topic(bootstrap, name, partitions=partitions)
+
+
+def count_consumers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every consumer the shared readers start from now on (fetch, lookups, catch-up)."""
+    started: list[Any] = []
+    for module in (_kafka_reader, _kafka_catchup):
+        original = module.start_consumer
+
+        async def counting(options: Any, *, _original: Any = original, **kwargs: Any) -> Any:
+            consumer = await _original(options, **kwargs)
+            started.append(consumer)
+            return consumer
+
+        monkeypatch.setattr(module, "start_consumer", counting)
+    return started
+
+
+def connection_for(conn: str) -> ConnectionReader:
+    """The shared reader of every wait on ``conn`` in this process."""
+    entry = clients._registry()[("kafka-connection", conn)]
+    connection = entry.creating.result()
+    assert isinstance(connection, ConnectionReader)
+    return connection
+
+
+def reader_for(conn: str, topic: str) -> TopicReader:
+    """The hand-out of ``topic`` on ``conn``'s shared reader."""
+    return connection_for(conn).topics[topic]
 
 
 def broker_sockets(port: int) -> int:
@@ -227,6 +330,62 @@ PrivateBroker = services.Kafka
 
 def private_broker(**options: Any) -> services.Kafka:
     return services.Kafka(port=services.free_port(), binary=services.tansu_binary(), **options)
+
+
+#: Unrelated topics on the crowded broker: a cluster where asking for every topic is expensive.
+CROWD = 2000
+
+
+@pytest.fixture(scope="module")
+def crowded_broker() -> Iterator[PrivateBroker]:
+    """A broker of this module's own that already holds ``CROWD`` unrelated topics."""
+    broker = private_broker()
+    broker.start()
+    try:
+        asyncio.run(create_topics(broker.bootstrap_servers, [f"crowd-{i}" for i in range(CROWD)]))
+        yield broker
+    finally:
+        broker.kill()
+
+
+@dataclass
+class ProxiedBroker:
+    """A broker reachable only through an :class:`~tests.kafka.proxy.OutageProxy` (it advertises
+    the proxy's address, so clients never bypass it)."""
+
+    process: subprocess.Popen[bytes]
+    proxy: OutageProxy
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.proxy.port}"
+
+
+@pytest.fixture
+def proxied_broker() -> Iterator[ProxiedBroker]:
+    port = services.free_port()
+    proxy = OutageProxy(port).start()
+    process = subprocess.Popen(
+        [
+            str(services.tansu_binary()),
+            "broker",
+            "--listener-url",
+            f"tcp://127.0.0.1:{port}",
+            "--advertised-listener-url",
+            f"tcp://127.0.0.1:{proxy.port}",
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        services.wait_for_port(port, timeout=30, proc=process, what="tansu broker")
+        yield ProxiedBroker(process, proxy)
+    finally:
+        proxy.close()
+        services.stop_process(process)
 
 
 @pytest.fixture

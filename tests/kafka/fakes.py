@@ -4,7 +4,8 @@ They do only what the engine asks of them: a record has the fields :class:`Kafka
 a consumer assigns, seeks, fetches in order from an in-memory log (waiting for new records up
 to the fetch timeout, like a long poll) and answers offset lookups. A read from an offset that
 retention deleted raises aiokafka's own ``OffsetOutOfRangeError``, shaped as aiokafka raises it.
-The real-broker tests in this folder cover aiokafka itself.
+A :class:`FakeCluster` holds several topics for the consumers of a shared reader. The
+real-broker tests in this folder cover aiokafka itself.
 """
 
 from __future__ import annotations
@@ -53,16 +54,43 @@ class OffsetAndTimestamp:
     timestamp: int
 
 
+class FakeCluster:
+    """Topics (each a :class:`FakeLog`) and the consumers reading them."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, FakeLog] = {}
+        self.consumers: list[FakeConsumer] = []
+        self._appended: list[asyncio.Future[None]] = []
+
+    def add(self, topic: str, partitions: int = 1) -> FakeLog:
+        log = self.logs[topic] = FakeLog(topic, partitions, cluster=self)
+        return log
+
+    def appended(self) -> None:
+        for waiting in self._appended:
+            if not waiting.done():
+                waiting.set_result(None)
+        self._appended.clear()
+
+    async def wait_for_append(self, timeout: float) -> None:
+        waiting = asyncio.get_running_loop().create_future()
+        self._appended.append(waiting)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(waiting, timeout)
+
+
 class FakeLog:
     """One topic's partitions as lists of records; tests append, consumers read."""
 
-    def __init__(self, topic: str = "t", partitions: int = 1) -> None:
+    def __init__(self, topic: str = "t", partitions: int = 1, *, cluster: FakeCluster | None = None) -> None:
         self.topic = topic
         self.records: list[list[FakeRecord]] = [[] for _ in range(partitions)]
         #: Per partition, the oldest offset retention has kept.
         self.begin = [0] * partitions
-        self.consumers: list[FakeConsumer] = []
-        self._appended: list[asyncio.Future[None]] = []
+        if cluster is None:
+            cluster = FakeCluster()
+            cluster.logs[topic] = self
+        self.cluster = cluster
 
     def tp(self, partition: int) -> TopicPartition:
         return TopicPartition(self.topic, partition)
@@ -74,10 +102,7 @@ class FakeLog:
         stamp = BASE_TIMESTAMP + offset if timestamp is None else timestamp
         added = FakeRecord(self.topic, partition, offset, stamp, None if key is None else key.encode(), value)
         self.records[partition].append(added)
-        for waiting in self._appended:
-            if not waiting.done():
-                waiting.set_result(None)
-        self._appended.clear()
+        self.cluster.appended()
         return added
 
     def delete_before(self, partition: int, offset: int) -> None:
@@ -87,18 +112,16 @@ class FakeLog:
     def end(self, partition: int) -> int:
         return len(self.records[partition])
 
-    async def wait_for_append(self, timeout: float) -> None:
-        waiting = asyncio.get_running_loop().create_future()
-        self._appended.append(waiting)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(waiting, timeout)
+    @property
+    def consumers(self) -> list[FakeConsumer]:
+        return self.cluster.consumers
 
 
 class FakeConsumer:
     """Stands in for ``AIOKafkaConsumer`` as far as the reader and its passes use it."""
 
-    def __init__(self, log: FakeLog, *, batch: int = 7) -> None:
-        self.log = log
+    def __init__(self, source: FakeLog | FakeCluster, *, batch: int = 7) -> None:
+        self.cluster = source.cluster if isinstance(source, FakeLog) else source
         self.batch = batch
         self.positions: dict[TopicPartition, int] = {}
         self.fetches = 0
@@ -128,17 +151,20 @@ class FakeConsumer:
             raise self.fail_with
         batch = self._take(min(max_records, self.batch))
         if not batch:
-            await self.log.wait_for_append(timeout_ms / 1000)
+            await self.cluster.wait_for_append(timeout_ms / 1000)
             batch = self._take(min(max_records, self.batch))
         return batch
 
+    def _log(self, tp: TopicPartition) -> FakeLog:
+        return self.cluster.logs[tp.topic]
+
     def _take(self, limit: int) -> dict[TopicPartition, list[FakeRecord]]:
         for tp, position in self.positions.items():
-            if position < self.log.begin[tp.partition]:
+            if position < self._log(tp).begin[tp.partition]:
                 raise OffsetOutOfRangeError({tp: position})
         batch: dict[TopicPartition, list[FakeRecord]] = {}
         for tp, position in self.positions.items():
-            taken = self.log.records[tp.partition][position : position + limit]
+            taken = self._log(tp).records[tp.partition][position : position + limit]
             if taken:
                 batch[tp] = taken
                 self.positions[tp] = taken[-1].offset + 1
@@ -149,15 +175,16 @@ class FakeConsumer:
 
     # ------------------------------------------------------------------- lookups
     async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: self.log.begin[tp.partition] for tp in tps}
+        return {tp: self._log(tp).begin[tp.partition] for tp in tps}
 
     async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: self.log.end(tp.partition) for tp in tps}
+        return {tp: self._log(tp).end(tp.partition) for tp in tps}
 
     async def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, Any]:
         found: dict[TopicPartition, Any] = {}
         for tp, wanted in times.items():
-            kept = self.log.records[tp.partition][self.log.begin[tp.partition] :]
+            log = self._log(tp)
+            kept = log.records[tp.partition][log.begin[tp.partition] :]
             hit = next((r for r in kept if r.timestamp >= wanted), None)
             found[tp] = None if hit is None else OffsetAndTimestamp(hit.offset, hit.timestamp)
         return found

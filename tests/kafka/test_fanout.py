@@ -13,7 +13,7 @@ from aiokafka import TopicPartition
 from airflow_deferrable_kit import _kafka_fanout
 from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Waiter
 from airflow_deferrable_kit._kafka_messages import canonical_acceptors
-from airflow_deferrable_kit._kafka_reader import TopicReader
+from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
 from tests.kafka.fakes import record, spec
 
 TP = TopicPartition("t", 0)
@@ -31,7 +31,8 @@ def waiter_for(key: str, cursor: int, reader: TopicReader) -> Waiter:
 
 
 def reader_at(position: int) -> TopicReader:
-    reader = TopicReader("conn", "t", {})
+    """Topic ``t``'s hand-out on a connection that never talks to a broker (nothing joined)."""
+    reader = TopicReader(ConnectionReader("conn", {}), "t")
     reader.positions[TP] = position
     return reader
 
@@ -86,6 +87,40 @@ async def test_a_burst_of_matches_wakes_a_batch_of_waits_per_loop_turn(monkeypat
     assert all(waiter.finished for waiter in waiters)
     turns = [after - before for before, after in itertools.pairwise(samples)]
     assert len(turns) >= 100 // 8 and max(turns) <= 8  # the loop got a turn after every 8 wake-ups
+
+
+async def test_a_fetch_spanning_many_topics_paces_its_wake_ups_across_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One fetch with a record for each of 100 topics: every topic's fan-out wakes one wait, so
+    only a pace shared by all of them ever reaches its budget and gives the loop a turn."""
+    monkeypatch.setattr(_kafka_fanout, "WAKES_PER_SLICE", 8)
+    connection = ConnectionReader("conn", {})
+    readers, woken = [], []
+    for i in range(100):
+        reader = TopicReader(connection, f"t{i}")
+        reader.known = True
+        tp = TopicPartition(reader.topic, 0)
+        reader.positions[tp] = 0
+        waiter = Waiter(spec(canonical_acceptors(success=[{"key": "k0"}])), start_from="earliest", start_after_ms=None)
+        waiter.cursor[tp] = 0
+        waiter.readers[reader.topic] = reader
+        assert waiter.try_attach(reader.topic)
+        connection.topics[reader.topic], readers = reader, [*readers, reader]
+        woken.append(waiter)
+    samples: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            samples.append(sum(w.finished for w in woken))
+            await asyncio.sleep(0)
+
+    sampler = asyncio.ensure_future(sample())
+    await asyncio.sleep(0)
+    batch = {TopicPartition(r.topic, 0): [dataclasses.replace(keyed(0), topic=r.topic)] for r in readers}
+    await connection._dispatch(batch)
+    sampler.cancel()
+    assert all(waiter.finished for waiter in woken)
+    turns = [after - before for before, after in itertools.pairwise(samples)]
+    assert len(turns) >= 100 // 8 and max(turns) <= 8  # a turn after every 8 wake-ups, across topics
 
 
 async def test_a_pass_hands_waits_over_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,61 +1,91 @@
-"""The shared topic reader running on fake consumers (no broker): its loop, catch-up passes,
-own-pace reads and errors. What aiokafka itself does is covered against tansu elsewhere here."""
+"""The shared connection reader running on fake consumers (no broker): one fetch consumer for
+every topic, its loops, catch-up passes, own-pace reads and errors. What aiokafka itself does is
+covered against tansu elsewhere here."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from airflow_deferrable_kit import _kafka_reader
+from airflow_deferrable_kit import _kafka_catchup, _kafka_lookups, _kafka_reader
+from airflow_deferrable_kit._kafka_catchup import read_on_own
+from airflow_deferrable_kit._kafka_client import TopicsAnswer
 from airflow_deferrable_kit._kafka_fanout import Waiter
 from airflow_deferrable_kit._kafka_messages import KafkaMessage, canonical_acceptors
-from airflow_deferrable_kit._kafka_reader import TopicReader, read_on_own
+from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
 from airflow_deferrable_kit.conditions import Decision
 from tests.kafka.conftest import eventually
-from tests.kafka.fakes import FakeConsumer, FakeLog, spec
+from tests.kafka.fakes import FakeCluster, FakeConsumer, FakeLog, spec
 
 PARTITIONS = 2
 
 
 @pytest.fixture
-def log(monkeypatch: pytest.MonkeyPatch) -> FakeLog:
-    """A two-partition topic ``t``; every consumer the reader opens reads it."""
-    log = FakeLog("t", partitions=PARTITIONS)
+def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
+    """Fake topics; every consumer the shared reader starts reads them, and its metadata
+    requests name the topics asked about (recorded in ``cluster.asked``)."""
+    cluster = FakeCluster()
+    cluster.asked = []  # type: ignore[attr-defined]
 
-    async def open_consumer(options: Any) -> FakeConsumer:
-        consumer = FakeConsumer(log)
-        log.consumers.append(consumer)
+    async def start_consumer(options: Any, *, topics: Iterable[str], **kwargs: Any) -> FakeConsumer:
+        cluster.asked.append(sorted(topics))  # type: ignore[attr-defined]  # its bootstrap asks about these
+        consumer = FakeConsumer(cluster)
+        cluster.consumers.append(consumer)
         return consumer
 
-    async def topic_partitions(consumer: Any, topic: str) -> set[int] | None:
-        return set(range(PARTITIONS)) if topic == log.topic else None
+    def describe_topics(consumer: Any, topics: Iterable[str]) -> TopicsAnswer:
+        answer = TopicsAnswer()
+        for topic in topics:
+            log = cluster.logs.get(topic)
+            if log is None:
+                answer.missing.add(topic)
+            else:
+                answer.partitions[topic] = set(range(len(log.records)))
+        return answer
 
-    async def track_topic(consumer: Any, topic: str) -> None:
-        return None
+    async def refresh_topics(consumer: Any, topics: Iterable[str]) -> TopicsAnswer:
+        cluster.asked.append(sorted(topics))  # type: ignore[attr-defined]
+        return describe_topics(consumer, topics)
 
-    monkeypatch.setattr(_kafka_reader, "open_consumer", open_consumer)
-    monkeypatch.setattr(_kafka_reader, "topic_partitions", topic_partitions)
-    monkeypatch.setattr(_kafka_reader, "track_topic", track_topic)
+    for module in (_kafka_reader, _kafka_catchup):
+        monkeypatch.setattr(module, "start_consumer", start_consumer)
+    monkeypatch.setattr(_kafka_reader, "describe_topics", describe_topics)
+    monkeypatch.setattr(_kafka_reader, "refresh_topics", refresh_topics)
     monkeypatch.setattr(_kafka_reader, "FETCH_WAIT_MS", 20)
-    return log
+    monkeypatch.setattr(_kafka_lookups, "GATHER_SECONDS", 0.0)
+    return cluster
 
 
 @pytest.fixture
-async def reader(log: FakeLog) -> AsyncIterator[TopicReader]:
-    reader = TopicReader("conn", log.topic, {})
-    await reader.start()
+def log(cluster: FakeCluster) -> FakeLog:
+    """A two-partition topic ``t``."""
+    return cluster.add("t", partitions=PARTITIONS)
+
+
+@pytest.fixture
+async def connection(cluster: FakeCluster) -> AsyncIterator[ConnectionReader]:
+    connection = ConnectionReader("conn", {})
     try:
-        yield reader
+        yield connection
     finally:
-        await reader.close()
+        await connection.close()
 
 
-def collector(cursors: dict[int, int], reader: TopicReader | None = None) -> Waiter:
+async def joined(connection: ConnectionReader, topic: str) -> TopicReader:
+    """A topic joined as a wait joins it, once the broker has answered about it and its
+    partitions are in the fetch consumer's assignment."""
+    reader = connection.join(topic)
+    await reader.resolved.wait()
+    await eventually(lambda: set(reader.positions) <= connection._assigned)
+    return reader
+
+
+def collector(cursors: dict[int, int], reader: TopicReader | None = None, topic: str = "t") -> Waiter:
     """A wait whose predicate must see every message, starting at ``cursors`` (partition: offset).
 
     The engine only queues messages for a predicate (the trigger runs it), so the queue shows
@@ -64,7 +94,7 @@ def collector(cursors: dict[int, int], reader: TopicReader | None = None) -> Wai
     waiter = Waiter(
         spec([], predicate="tests.kafka.predicates:total_over_100"), start_from="earliest", start_after_ms=None
     )
-    waiter.cursor = {TopicPartition("t", partition): offset for partition, offset in cursors.items()}
+    waiter.cursor = {TopicPartition(topic, partition): offset for partition, offset in cursors.items()}
     if reader is not None:
         waiter.readers[reader.topic] = reader
     return waiter
@@ -89,31 +119,88 @@ def join(waiter: Waiter, reader: TopicReader) -> None:
 
 
 # ------------------------------------------------------------------------------ live
-async def test_the_reader_starts_at_the_log_end_and_hands_live_messages_to_the_waits_that_match(
-    log: FakeLog,
+async def test_a_topic_starts_at_the_log_end_and_live_messages_go_to_the_waits_that_match(
+    log: FakeLog, connection: ConnectionReader
 ) -> None:
-    fill(log, 6)  # before the reader: not handed to anyone
-    reader = TopicReader("conn", log.topic, {})
-    await reader.start()
-    try:
-        assert reader.positions == {log.tp(0): 3, log.tp(1): 3}
-        wanted = Waiter(spec(canonical_acceptors(success=[{"key": "k7"}])), start_from="earliest", start_after_ms=None)
-        wanted.readers["t"] = reader
-        everything = collector({0: 3, 1: 3}, reader)
-        assert wanted.try_attach("t") and everything.try_attach("t")
-        fill(log, 10)  # offsets 3..7 in each partition of keys k0..k9: k7 lands in partition 1
-        await eventually(lambda: sum(reader.positions.values()) == 16)
-        assert [(m.partition, m.offset, m.key) for m, _, _ in wanted.queue] == [(1, 6, b"k7")]
-        assert wanted.finished and wanted not in reader.waiters()
-        assert seen(everything) == {0: [3, 4, 5, 6, 7], 1: [3, 4, 5, 6, 7]}
-    finally:
-        await reader.close()
-    assert all(consumer.stopped for consumer in log.consumers) and len(log.consumers) == 2
+    fill(log, 6)  # before the topic was joined: not handed to anyone
+    reader = await joined(connection, "t")
+    assert reader.known and reader.positions == {log.tp(0): 3, log.tp(1): 3}
+    wanted = Waiter(spec(canonical_acceptors(success=[{"key": "k7"}])), start_from="earliest", start_after_ms=None)
+    wanted.readers["t"] = reader
+    everything = collector({0: 3, 1: 3}, reader)
+    assert wanted.try_attach("t") and everything.try_attach("t")
+    fill(log, 10)  # offsets 3..7 in each partition of keys k0..k9: k7 lands in partition 1
+    await eventually(lambda: sum(reader.positions.values()) == 16)
+    assert [(m.partition, m.offset, m.key) for m, _, _ in wanted.queue] == [(1, 6, b"k7")]
+    assert wanted.finished and wanted not in reader.waiters()
+    assert seen(everything) == {0: [3, 4, 5, 6, 7], 1: [3, 4, 5, 6, 7]}
+    await connection.close()
+    assert all(consumer.stopped for consumer in log.consumers) and len(log.consumers) == 2  # fetch + lookups
+
+
+async def test_one_fetch_consumer_reads_every_topic_waited_on_and_drops_those_nobody_waits_on(
+    cluster: FakeCluster, connection: ConnectionReader
+) -> None:
+    logs = [cluster.add(name, partitions=PARTITIONS) for name in ("a", "b", "c")]
+    cluster.add("unrelated", partitions=4)  # on the broker, waited on by nobody
+    readers = [connection.join(log.topic) for log in logs]  # in the same turn: one lookup for all
+    for reader in readers:
+        await reader.resolved.wait()
+    await eventually(lambda: len(connection._assigned) == 6)
+    waiters = [collector({0: 0, 1: 0}, reader, topic=reader.topic) for reader in readers]
+    assert all(waiter.try_attach(waiter_topic) for waiter, waiter_topic in zip(waiters, "abc", strict=True))
+    for log in logs:
+        fill(log, 4)
+    await eventually(lambda: all(sum(len(v) for v in seen(w).values()) == 4 for w in waiters))
+    assert [{m.topic for m, _, _ in w.queue} for w in waiters] == [{"a"}, {"b"}, {"c"}]
+    assert len(cluster.consumers) == 2  # one fetch consumer and one for lookups, for three topics
+    # Each consumer's bootstrap named the three topics waited on, and nothing else was asked.
+    assert cluster.asked == [["a", "b", "c"], ["a", "b", "c"]] and connection.metadata_requests == 0
+    fetch = connection.fetch
+    assert fetch is not None and fetch.assignment() == {TopicPartition(t, p) for t in "abc" for p in range(2)}
+
+    waiters[2].detach("c")
+    connection.leave(readers[2])  # its last wait left: dropped at the next turn of the fetch loop
+    await eventually(lambda: fetch.assignment() == {TopicPartition(t, p) for t in "ab" for p in range(2)})
+    fill(logs[0], 2)
+    await eventually(lambda: sum(len(v) for v in seen(waiters[0]).values()) == 6)
+    assert "c" not in connection.topics
+
+
+async def test_a_topic_joined_later_is_looked_up_and_added_to_the_same_consumer(
+    cluster: FakeCluster, connection: ConnectionReader
+) -> None:
+    first = await joined(connection, cluster.add("first", partitions=1).topic)
+    second_log = cluster.add("second", partitions=1)
+    second = await joined(connection, "second")
+    waiter = collector({0: 0}, second, topic="second")
+    assert waiter.try_attach("second")
+    second_log.append(0, key="x")
+    await eventually(lambda: len(waiter.queue) == 1)
+    assert first.known and len(cluster.consumers) == 2
+    # The bootstraps of the lookup and fetch consumers, then one request for both topics.
+    assert cluster.asked == [["first"], ["first"], ["first", "second"]]
+
+
+async def test_a_missing_topic_is_answered_and_read_from_its_beginning_once_it_appears(
+    monkeypatch: pytest.MonkeyPatch, cluster: FakeCluster, connection: ConnectionReader
+) -> None:
+    monkeypatch.setattr(_kafka_reader, "PARTITION_REFRESH_SECONDS", 0.05)
+    reader = connection.join("later")
+    await reader.resolved.wait()
+    assert not reader.known and reader.fatal is None
+    waiter = collector({}, reader, topic="later")
+    assert waiter.try_attach("later")  # nothing to be behind of yet
+    log = cluster.add("later", partitions=1)
+    log.append(0, key="first")  # before the reader saw the topic: still new to every wait
+    await eventually(lambda: len(waiter.queue) == 1)
+    assert reader.known and reader.origins == {log.tp(0): 0}
 
 
 async def test_a_late_wait_is_caught_up_by_a_shared_pass_and_handed_over_without_loss_or_double(
-    log: FakeLog, reader: TopicReader
+    log: FakeLog, connection: ConnectionReader
 ) -> None:
+    reader = await joined(connection, "t")
     fill(log, 80)  # the reader reads these live, before the waits below arrive
     await eventually(lambda: sum(reader.positions.values()) == 80)
     from_start = collector({0: 0, 1: 0}, reader)
@@ -137,7 +224,27 @@ async def test_a_late_wait_is_caught_up_by_a_shared_pass_and_handed_over_without
     assert reader.passes == 1 and len(log.consumers) == 3  # one catch-up consumer for both waits
 
 
-async def test_a_wait_that_is_released_stops_receiving(log: FakeLog, reader: TopicReader) -> None:
+async def test_late_waits_on_different_topics_are_caught_up_on_one_consumer(
+    cluster: FakeCluster, connection: ConnectionReader
+) -> None:
+    logs = [cluster.add(name, partitions=PARTITIONS) for name in ("x", "y")]
+    readers = [await joined(connection, log.topic) for log in logs]
+    for log, reader in zip(logs, readers, strict=True):
+        fill(log, 30)
+        await eventually(lambda reader=reader: sum(reader.positions.values()) == 30)
+    late = [collector({0: 0, 1: 0}, reader, topic=reader.topic) for reader in readers]
+    for waiter, reader in zip(late, readers, strict=True):
+        join(waiter, reader)
+    await eventually(lambda: all(w.attached.get(r.topic) is r for w, r in zip(late, readers, strict=True)))
+    for waiter, topic in zip(late, "xy", strict=True):
+        assert {m.topic for m, _, _ in waiter.queue} == {topic}
+        assert seen(waiter) == {0: list(range(15)), 1: list(range(15))}
+    assert len(cluster.consumers) == 3  # fetch, lookups, and one catch-up consumer for both topics
+    assert connection.catch_ups.consumers_started == 1
+
+
+async def test_a_wait_that_is_released_stops_receiving(log: FakeLog, connection: ConnectionReader) -> None:
+    reader = await joined(connection, "t")
     waiter = collector({0: 0, 1: 0}, reader)
     join(waiter, reader)
     fill(log, 4)
@@ -149,24 +256,50 @@ async def test_a_wait_that_is_released_stops_receiving(log: FakeLog, reader: Top
 
 
 async def test_a_reader_whose_position_was_deleted_resumes_at_the_oldest_retained_offset(
-    log: FakeLog, reader: TopicReader
+    log: FakeLog, connection: ConnectionReader
 ) -> None:
+    reader = await joined(connection, "t")
     waiter = collector({0: 0, 1: 0}, reader)
     join(waiter, reader)
+    fetch = connection.fetch
+    assert fetch is not None
+    fetch.batch = 0  # hold the fetches back while the log is written and cut
     for _ in range(10):
         log.append(0)
     log.delete_before(0, 6)  # retention ran before the reader fetched
+    fetch.batch = 7
     await eventually(lambda: reader.positions[log.tp(0)] == 10)
     assert seen(waiter) == {0: [6, 7, 8, 9], 1: []}
 
 
-async def test_a_fatal_error_reaches_every_wait(log: FakeLog, reader: TopicReader) -> None:
+async def test_a_fatal_error_reaches_every_wait(log: FakeLog, connection: ConnectionReader) -> None:
+    reader = await joined(connection, "t")
     waiter = collector({0: 0, 1: 0}, reader)
     join(waiter, reader)
-    log.consumers[0].fail_with = TopicAuthorizationFailedError()
+    assert connection.fetch is not None
+    connection.fetch.fail_with = TopicAuthorizationFailedError()
     await eventually(lambda: reader.fatal is not None)
     assert reader.fatal is not None and reader.fatal.error_type == "authorization"
     assert waiter.wake.is_set()
+
+
+async def test_a_topic_we_may_not_read_fails_only_its_own_waits(
+    cluster: FakeCluster, connection: ConnectionReader
+) -> None:
+    open_log, closed_log = cluster.add("open", partitions=1), cluster.add("closed", partitions=1)
+    allowed, refused = await joined(connection, "open"), await joined(connection, "closed")
+    waiters = [collector({0: 0}, allowed, topic="open"), collector({0: 0}, refused, topic="closed")]
+    assert waiters[0].try_attach("open") and waiters[1].try_attach("closed")
+    fetch = connection.fetch
+    assert fetch is not None
+    fetch.fail_with = TopicAuthorizationFailedError("closed")  # what aiokafka's fetcher raises
+    await eventually(lambda: refused.fatal is not None)
+    fetch.fail_with = None
+    await eventually(lambda: fetch.assignment() == {open_log.tp(0)})
+    open_log.append(0)
+    closed_log.append(0)
+    await eventually(lambda: len(waiters[0].queue) == 1)
+    assert allowed.fatal is None and waiters[1].wake.is_set() and not waiters[1].queue
 
 
 # ------------------------------------------------------------------------- own pace

@@ -101,6 +101,17 @@ def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], error: str) 
         sensor("t", "kafka_default", **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("topics", "conn_id", "argument"),
+    [(7, "k", "topics"), (None, "k", "topics"), ({"orders": 1}, "k", "topics"), ("t", " ", "kafka_conn_id")],
+)
+def test_bad_topics_or_connection_are_refused_at_construction_naming_the_argument(
+    topics: Any, conn_id: str, argument: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{argument}"):
+        KafkaMessageSensor(task_id="wait", topics=topics, kafka_conn_id=conn_id)
+
+
 def test_poke_mode_scans_a_bounded_range_and_resumes_where_it_stopped(
     bootstrap: str, kafka_conn: str, topic: str
 ) -> None:

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import _kafka_fanout, _kafka_messages, _kafka_reader, clients
-from airflow_deferrable_kit._kafka_reader import TopicReader
+from airflow_deferrable_kit import _kafka_catchup, _kafka_fanout, _kafka_messages, clients
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.testing import run_trigger, watch_blocking
@@ -21,60 +20,21 @@ from tests.kafka.conftest import (
     broker_sockets,
     commit,
     committed,
+    count_consumers,
     create_topic,
     eventually,
     hours_ago,
+    key_is,
+    make,
+    path_is,
     produce,
+    produce_elsewhere,
+    reader_for,
+    recreate_topic,
     set_connection,
     unique,
+    waiting,
 )
-
-
-def make(topic: str | list[str], conn: str, **kwargs: Any) -> KafkaMessageTrigger:
-    kwargs.setdefault("poll_interval", 0.1)
-    return KafkaMessageTrigger(topics=[topic] if isinstance(topic, str) else topic, kafka_conn_id=conn, **kwargs)
-
-
-def key_is(value: str, state: str = "success") -> dict[str, Any]:
-    return {"state": state, "matcher": "key", "comparator": "equals", "expected": value}
-
-
-def path_is(path: str, value: Any, state: str = "success", comparator: str = "equals") -> dict[str, Any]:
-    return {"state": state, "matcher": "path", "argument": path, "comparator": comparator, "expected": value}
-
-
-async def produce_elsewhere(bootstrap: str, topic: str, *messages: Message) -> list[tuple[int, int]]:
-    """Produce from another thread and loop, so the producer's own work is not measured as ours."""
-    return await asyncio.to_thread(asyncio.run, produce(bootstrap, topic, *messages))
-
-
-async def waiting(trigger: KafkaMessageTrigger, topic: str) -> asyncio.Future[Any]:
-    """Run ``trigger`` to its event in the background; return once it waits on ``topic``'s reader."""
-    task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
-    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
-    return task
-
-
-async def recreate_topic(bootstrap: str, name: str, partitions: int) -> None:
-    """Grow a topic's partition set: tansu 0.6 has no CreatePartitions, so delete and recreate it;
-    the reader sees the new partitions appear, as after a real partition add."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([name])
-    finally:
-        await admin.close()
-    await create_topic(bootstrap, name, partitions=partitions)
-
-
-def reader_for(conn: str, topic: str) -> TopicReader:
-    registry = clients._registry()
-    entry = registry[("kafka-reader", conn, topic)]
-    reader = entry.creating.result()
-    assert isinstance(reader, TopicReader)
-    return reader
 
 
 # ------------------------------------------------------------------------------- matching
@@ -537,25 +497,13 @@ async def test_many_late_waiters_share_one_catch_up_read(
     """Waits that start behind the shared reader (a mass deferral, a triggerer restart) read the
     gap together: one more consumer for all of them, their start looked up a few times, not once
     each, exact offsets and counts, and the loop never blocked."""
-    started: list[dict[str, Any]] = []
-    lookups: list[int | None] = []
-    start_consumer, resolve_start = _kafka_reader.start_consumer, _kafka_reader.resolve_start
-
-    async def counting_start(options: Any, **overrides: Any) -> Any:
-        started.append(overrides)
-        return await start_consumer(options, **overrides)
-
-    async def counting_resolve(*args: Any, **kwargs: Any) -> Any:
-        lookups.append(kwargs["start_after_ms"])
-        return await resolve_start(*args, **kwargs)
-
-    monkeypatch.setattr(_kafka_reader, "start_consumer", counting_start)
-    monkeypatch.setattr(_kafka_reader, "resolve_start", counting_resolve)
+    started = count_consumers(monkeypatch)
     await get_connection(kafka_conn)
     live = make(topic, kafka_conn, acceptors=[key_is("never")])
     live_task = asyncio.ensure_future(run_trigger(live, timeout=60))
     await eventually(lambda: live._waiter is not None and topic in live._waiter.attached)
     reader = reader_for(kafka_conn, topic)
+    lookups_before = reader.connection.lookups.batches
     start = int(time.time() * 1000)
     gap = await produce_elsewhere(bootstrap, topic, *[Message({"n": n}, key=f"k{n}", partition=0) for n in range(30)])
     await eventually(lambda: sum(reader.positions.values()) >= 30)
@@ -577,7 +525,7 @@ async def test_many_late_waiters_share_one_catch_up_read(
         assert (payload["partition"], payload["offset"]) == placed[i]
         assert payload["examined"] == i + 1  # everything from its start up to its message, nothing twice
     assert len(started) == 3  # the reader's two consumers and one catch-up consumer, for 100 late waits
-    assert 1 <= lookups.count(start) < 10  # 100 waits with one start: a few lookups, not 100
+    assert 1 <= reader.connection.lookups.batches - lookups_before < 10  # 100 starts: a few lookups, not 100
     assert blocked == [], blocked
     live_task.cancel()
     await asyncio.gather(live_task, return_exceptions=True)
@@ -606,24 +554,23 @@ async def test_a_fatal_error_while_catching_up_ends_the_late_waits_with_it(
     from aiokafka.errors import TopicAuthorizationFailedError
 
     started: list[Any] = []
-    start_consumer = _kafka_reader.start_consumer
+    start_consumer = _kafka_catchup.start_consumer
 
     async def refuse(*args: Any, **kwargs: Any) -> Any:
         raise TopicAuthorizationFailedError()
 
-    async def start(options: Any, **overrides: Any) -> Any:
-        consumer = await start_consumer(options, **overrides)
+    async def start(options: Any, **kwargs: Any) -> Any:
+        consumer = await start_consumer(options, **kwargs)
         started.append(consumer)
-        if len(started) == 3:  # the catch-up consumer: the reader's two come first
-            monkeypatch.setattr(consumer, "getmany", refuse)
+        monkeypatch.setattr(consumer, "getmany", refuse)
         return consumer
 
-    monkeypatch.setattr(_kafka_reader, "start_consumer", start)
+    monkeypatch.setattr(_kafka_catchup, "start_consumer", start)
     await produce(bootstrap, topic, Message({"n": 1}))
     waiters = [make(topic, kafka_conn, start_from="earliest", acceptors=[key_is("never")]) for _ in range(3)]
     payloads = [event.payload for event in await asyncio.gather(*(run_trigger(t, timeout=20) for t in waiters))]
     assert [p["error_type"] for p in payloads] == ["authorization"] * 3
-    assert len(started) == 3 and clients.held_keys() == {}
+    assert len(started) == 1 and clients.held_keys() == {}  # one catch-up consumer for the three
 
 
 async def test_a_slow_predicate_waiter_falls_behind_and_still_finds_its_match(
@@ -670,6 +617,7 @@ async def test_broker_restart_mid_wait_resumes_from_the_last_position(
     monkeypatch: pytest.MonkeyPatch, durable_broker: PrivateBroker
 ) -> None:
     conn = set_connection(monkeypatch, "kafka_durable", durable_broker.bootstrap_servers)
+    started = count_consumers(monkeypatch)
     bootstrap = durable_broker.bootstrap_servers
     name = await create_topic(bootstrap, unique("restart"), partitions=1)
     trigger = make(name, conn, acceptors=[key_is("after")], poll_interval=0.2)
@@ -678,7 +626,6 @@ async def test_broker_restart_mid_wait_resumes_from_the_last_position(
     await produce(bootstrap, name, *[Message({"n": n}, key="before") for n in range(3)])
     reader = reader_for(conn, name)
     await eventually(lambda: sum(reader.positions.values()) == 3)
-    consumer = reader.consumer
     durable_broker.kill()
     await asyncio.sleep(0.5)  # let the reader notice the broker is gone (not an assertion)
     durable_broker.start()
@@ -687,7 +634,7 @@ async def test_broker_restart_mid_wait_resumes_from_the_last_position(
     assert payload["status"] == "success"
     assert payload["offset"] == placed[0][1] == 3
     assert payload["examined"] == 4  # nothing re-read from the start, nothing skipped
-    assert reader.consumer is consumer  # the same consumer resumed; no new group, no re-seek to 0
+    assert len(started) == 2  # the same fetch and lookup consumers resumed; no new group, no re-seek to 0
 
 
 async def test_waiters_that_must_see_every_message_never_block_the_loop(

@@ -52,6 +52,10 @@ def test_start_offsets_travel_as_json_with_string_partitions() -> None:
     ("kwargs", "argument"),
     [
         ({"topics": []}, "topics"),
+        ({"topics": 7}, "^topics"),
+        ({"topics": None}, "^topics"),
+        ({"topics": {"orders": 1}}, "^topics"),
+        ({"topics": ["a"], "kafka_conn_id": "   "}, "^kafka_conn_id"),
         ({"topics": ["a", "a"]}, "topics"),
         ({"topics": [" a"]}, "topics"),
         ({"topics": ["a"], "kafka_conn_id": ""}, "kafka_conn_id"),

@@ -1,0 +1,140 @@
+"""When the Kafka wait may open a connection to a broker: one backoff per (connection, broker).
+
+While a broker is down, aiokafka retries on its own fixed timers (``retry_backoff_ms`` in the
+fetcher and in offset lookups, its metadata synchronizer woken on every failure), once per
+consumer: a process with many consumers would hit a recovering broker with a steady storm. Every
+consumer and admin client of this package asks a :class:`ConnectGate` first. The gate of one
+(Airflow connection, broker address) lets one attempt through at a time, and after a failure
+none until a backoff has passed (capped exponential with full jitter, the package's one
+formula), whatever the number of waits, topics or consumers behind it. Refused attempts cost
+no network and log nothing; each failed attempt logs one warning with the next delay, and the
+first success after an outage one line saying so. Recovery is within one backoff step: the
+first attempt after the broker is back succeeds and opens the gate for everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from airflow_deferrable_kit._backoff import full_jitter
+from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit._redact import redact
+
+log = logging.getLogger(__name__)
+
+#: Backoff between connection attempts to one broker: full jitter on base * 2^n, capped.
+CONNECT_BACKOFF_BASE = 0.5
+CONNECT_BACKOFF_CAP = 30.0
+
+
+@dataclass
+class ConnectGate:
+    """Connection attempts to one broker address of one Airflow connection."""
+
+    conn_id: str
+    address: str
+    failures: int = 0
+    #: Loop time before which no attempt may start (0: open).
+    not_before: float = 0.0
+    #: Attempts in progress (while the broker is down, at most one: the probe).
+    in_flight: int = 0
+    attempts: int = 0
+    #: What the last failed attempt said (filled in by the attempt, or by aiokafka's log line).
+    last_error: str | None = None
+
+    @property
+    def down(self) -> bool:
+        """Whether the last attempt failed (the broker is believed unreachable)."""
+        return self.failures > 0
+
+    def try_begin(self) -> bool:
+        """Start an attempt; while the broker is down, only once the backoff has passed and no
+        other attempt is in flight (healthy, every client connects at once)."""
+        if self.failures and (self.in_flight or asyncio.get_running_loop().time() < self.not_before):
+            return False
+        self.in_flight += 1
+        self.attempts += 1
+        self.last_error = None
+        return True
+
+    def succeeded(self) -> None:
+        self.in_flight = max(self.in_flight - 1, 0)
+        if self.failures:
+            log.info(
+                "Kafka %s: broker %s reachable again after %d failed attempt(s)",
+                self.conn_id,
+                self.address,
+                self.failures,
+            )
+        self.failures = 0
+        self.not_before = 0.0
+
+    def failed(self, error: str | None = None) -> float:
+        """Record a failed attempt; log it once and return the delay before the next one.
+
+        Attempts that were already in flight when the broker went down fail together: the
+        backoff steps once for them, and only the first is logged.
+        """
+        self.in_flight = max(self.in_flight - 1, 0)
+        if self.failures and asyncio.get_running_loop().time() < self.not_before:
+            return self.seconds_to_wait()
+        self.failures += 1
+        delay = full_jitter(self.failures, base=CONNECT_BACKOFF_BASE, cap=CONNECT_BACKOFF_CAP)
+        self.not_before = asyncio.get_running_loop().time() + delay
+        reason = error or self.last_error or "connection failed"
+        log.warning(
+            "Kafka %s: cannot connect to broker %s (attempt %d): %s; next attempt in %.1fs",
+            self.conn_id,
+            self.address,
+            self.failures,
+            redact(reason),
+            delay,
+        )
+        return delay
+
+    def abandoned(self) -> None:
+        """An attempt that was cancelled: neither a success nor a failure."""
+        self.in_flight = max(self.in_flight - 1, 0)
+
+    def seconds_to_wait(self) -> float:
+        return max(0.0, self.not_before - asyncio.get_running_loop().time())
+
+
+class ConnectGates:
+    """The gates of one Airflow connection, one per broker address."""
+
+    def __init__(self, conn_id: str) -> None:
+        self.conn_id = conn_id
+        self.gates: dict[str, ConnectGate] = {}
+
+    def for_address(self, host: str, port: int) -> ConnectGate:
+        address = f"{host}:{port}"
+        gate = self.gates.get(address)
+        if gate is None:
+            gate = self.gates[address] = ConnectGate(self.conn_id, address)
+        return gate
+
+    @property
+    def down(self) -> bool:
+        """Whether some broker of this connection is in backoff (its failures are being logged)."""
+        return any(gate.down for gate in self.gates.values())
+
+    def attempts(self) -> int:
+        return sum(gate.attempts for gate in self.gates.values())
+
+
+_gates: PerLoop[dict[str, ConnectGates]] = PerLoop(dict)
+
+
+def gates_for(conn_id: str) -> ConnectGates:
+    """The gates of ``conn_id`` in the running loop (shared by every client of that connection)."""
+    registry = _gates.get()
+    gates = registry.get(conn_id)
+    if gates is None:
+        gates = registry[conn_id] = ConnectGates(conn_id)
+    return gates
+
+
+__all__ = ["CONNECT_BACKOFF_BASE", "CONNECT_BACKOFF_CAP", "ConnectGate", "ConnectGates", "gates_for"]
