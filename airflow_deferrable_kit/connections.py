@@ -111,14 +111,15 @@ async def _lookup(conn_id: str) -> Connection:
         conn = await BaseHook.aget_connection(conn_id)
     except AirflowNotFoundException as exc:
         raise LookupError(conn_id) from exc
-    # Its secrets are known from now on, so no payload, message or log line of ours can carry them.
-    register_connection(conn, await get_extra(conn))
+    # Its secrets are known from now on, so no payload, message or log line of ours can carry them
+    # (the extra's are registered when a client reads it, through get_extra, read once).
+    register_connection(conn)
     return conn
 
 
 async def get_extra(conn: Connection) -> dict[str, Any]:
     """The connection's extra as a dict, read without the blocking secret-masking path."""
     aextra = getattr(conn, "aextra_dejson", None)
-    if aextra is not None:
-        return dict(await aextra())
-    return dict(conn.extra_dejson)
+    extra = dict(await aextra()) if aextra is not None else dict(conn.extra_dejson)
+    register_connection(conn, extra)
+    return extra
