@@ -284,7 +284,7 @@ async def start_consumer(
     **overrides: Any,
 ) -> AIOKafkaConsumer:
     """A started consumer with no group, no auto-commit and no silent offset reset, scoped to
-    ``topics`` (its metadata names them only; :func:`set_topics` changes the scope).
+    ``topics`` (its metadata names them only; ``assign()`` and :func:`refresh_topics` change the scope).
 
     ``metadata_max_age_ms`` is how stale its view of partitions and leaders may get. Cancelling
     the start leaves nothing behind: the scoped bootstrap closes its connection on any exit.
@@ -304,7 +304,7 @@ async def start_consumer(
     }
     settings.update(overrides)
     consumer = AIOKafkaConsumer(**settings)
-    scope_client(consumer._client, topics, gates)
+    scope_client(consumer, topics, gates)
     token = _QUIET.set(True)  # the consumer's own tasks, started here, inherit it
     try:
         await consumer.start()
@@ -328,7 +328,7 @@ async def start_admin(
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(**options, request_timeout_ms=30_000)
-    scope_client(admin._client, topics, gates)
+    scope_client(admin, topics, gates)
     token = _QUIET.set(True)
     try:
         await admin.start()
@@ -402,12 +402,14 @@ def _install_log_filter() -> None:
         logging.getLogger(name).addFilter(line_filter)
 
 
-def scope_client(client: Any, topics: Iterable[str], gates: ConnectGates | None) -> None:
-    """Make an ``AIOKafkaClient`` (a consumer's or admin's ``_client``) a topic-scoped one.
+def scope_client(owner: Any, topics: Iterable[str], gates: ConnectGates | None) -> None:
+    """Make the ``AIOKafkaClient`` of a consumer or admin client (not started yet) topic-scoped.
 
-    Private: swaps the instance's class for :func:`_scoped_client_class`'s subclass (methods
-    only, no state of its own) and sets ``_topics``, the set aiokafka's metadata requests name.
+    Private: ``owner._client``; swaps that instance's class for :func:`_scoped_client_class`'s
+    subclass (methods only, no state of its own) and sets ``_topics``, the set aiokafka's
+    metadata requests name.
     """
+    client = owner._client
     client.__class__ = _scoped_client_class()
     client._kit_gates = gates
     client._topics = set(topics)
@@ -553,16 +555,6 @@ def _scoped_client_class() -> type:
     return TopicScopedClient
 
 
-def set_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
-    """Change the topics a consumer's metadata covers (refreshed in the background if new ones).
-
-    Private: ``consumer._client.set_topics``. Needed for a consumer that looks offsets up for
-    partitions it is not assigned (their leaders come from its metadata); the public way,
-    ``subscribe``, joins a group.
-    """
-    consumer._client.set_topics(list(topics))
-
-
 def describe_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> TopicsAnswer:
     """What the consumer's metadata (scoped to these topics) says about them, without a request.
 
@@ -670,7 +662,6 @@ __all__ = [
     "quiet_aiokafka",
     "refresh_topics",
     "scope_client",
-    "set_topics",
     "start_admin",
     "start_consumer",
 ]
