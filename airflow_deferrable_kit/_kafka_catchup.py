@@ -12,10 +12,9 @@ its own from :class:`OwnPace`, a few per connection at most) and joins again.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from airflow_deferrable_kit._kafka_client import (
     classify_kafka_error,
@@ -25,7 +24,7 @@ from airflow_deferrable_kit._kafka_client import (
     quiet_aiokafka,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Pace, Waiter
+from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Waiter, hand_out
 from airflow_deferrable_kit._kafka_messages import KafkaMessage
 from airflow_deferrable_kit._kafka_offsets import clamp_to_log
 from airflow_deferrable_kit._per_loop import PerLoop
@@ -201,14 +200,7 @@ class CatchUps:
                 self.consumer.seek(tp, position)
             self._assigned = set(wanted)
         batch = await self.consumer.getmany(timeout_ms=fetch_wait_ms, max_records=max_records)
-        by_topic: dict[str, dict[TopicPartition, list[Any]]] = collections.defaultdict(dict)
-        for tp, records in batch.items():
-            by_topic[tp.topic][tp] = records
-        pace = Pace()
-        for topic, records in by_topic.items():
-            run = self.passes.get(topic)
-            if run is not None:
-                await run._dispatch(records, pace)
+        await hand_out(batch, self.passes.get)
         for run in self.passes.values():
             run.sync_positions(self.consumer)
 

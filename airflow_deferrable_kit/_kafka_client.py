@@ -1,8 +1,9 @@
 """The aiokafka side of the Kafka wait: connection -> client options, library errors -> ours,
 consumers and admin clients started safely and scoped to the topics they serve.
 
-Credentials never leave this module's :func:`load_client_options`: the trigger carries a
-``kafka_conn_id`` and the secret is read here, in the triggerer.
+Credentials never leave :func:`~airflow_deferrable_kit._kafka_settings.load_client_options`
+(the connection -> options half of this client module, kept apart for size): the trigger
+carries a ``kafka_conn_id`` and the secret is read there, in the triggerer.
 
 Every client this package starts is *scoped* (:func:`scope_client`): its metadata requests name
 the topics it serves and never the whole cluster (aiokafka asks for every topic whenever its
@@ -30,8 +31,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_deferrable_kit._kafka_gate import ConnectGate, ConnectGates
-from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
-from airflow_deferrable_kit.connections import get_connection, get_extra
 from airflow_deferrable_kit.errors import ErrorType, describe_exception
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
@@ -41,112 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
 #: How long a probe connection (telling a SASL rejection from a broker that is down) may take.
 PROBE_TIMEOUT_MS = 5_000
-
-
-# ============================================================================ connection
-def client_options(
-    *,
-    conn_id: str,
-    host: str | None,
-    port: int | None,
-    login: str | None,
-    password: str | None,
-    extra: Mapping[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """aiokafka client kwargs from an Airflow Kafka connection, plus TLS file settings to load.
-
-    Reads the keys the official ``kafka`` connection uses (librdkafka names such as
-    ``bootstrap.servers``, ``security.protocol``, ``sasl.mechanism``, ``sasl.username``,
-    ``ssl.ca.location``); the host/port and login/password fields fill in what the extra omits.
-    Everything unknown (``group.id``, ``auto.offset.reset``...) is ignored: this wait never joins
-    a group.
-    """
-    where = f"kafka_conn_id={conn_id!r}"
-
-    def pick(*names: str) -> Any:
-        for name in names:
-            value = extra.get(name)
-            if value not in (None, ""):
-                return value
-        return None
-
-    servers = pick("bootstrap.servers", "bootstrap_servers")
-    if servers is None and host:
-        servers = ",".join(h if ":" in h or not port else f"{h}:{port}" for h in str(host).split(",") if h.strip())
-    if isinstance(servers, str):
-        servers = [s.strip() for s in servers.split(",") if s.strip()]
-    if not servers or not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
-        raise FatalError(
-            f"{where}: no bootstrap servers; set extra 'bootstrap.servers' (e.g. 'broker1:9092,broker2:9092') "
-            "or the connection host and port",
-            error_type=ErrorType.BAD_CONNECTION,
-        )
-    for server in servers:
-        _, _, server_port = server.rpartition(":")
-        if not server_port.isdigit():
-            raise FatalError(
-                f"{where}: bootstrap server {server!r} must be host:port", error_type=ErrorType.BAD_CONNECTION
-            )
-    protocol = str(pick("security.protocol", "security_protocol") or "PLAINTEXT").upper()
-    if protocol not in SECURITY_PROTOCOLS:
-        raise FatalError(
-            f"{where}: security.protocol must be one of {', '.join(SECURITY_PROTOCOLS)}, got {protocol!r}",
-            error_type=ErrorType.BAD_CONNECTION,
-        )
-    options: dict[str, Any] = {
-        "bootstrap_servers": servers,
-        "security_protocol": protocol,
-        "client_id": str(pick("client.id", "client_id") or "airflow-deferrable-kit"),
-    }
-    if protocol.startswith("SASL"):
-        mechanism = str(pick("sasl.mechanism", "sasl.mechanisms", "sasl_mechanism") or "PLAIN").upper()
-        if mechanism not in SASL_MECHANISMS:
-            raise FatalError(
-                f"{where}: sasl.mechanism must be one of {', '.join(SASL_MECHANISMS)}, got {mechanism!r}",
-                error_type=ErrorType.BAD_CONNECTION,
-            )
-        options["sasl_mechanism"] = mechanism
-        if mechanism == "GSSAPI":
-            options["sasl_kerberos_service_name"] = str(pick("sasl.kerberos.service.name") or "kafka")
-        else:
-            username = pick("sasl.username", "sasl_plain_username") or login
-            secret = pick("sasl.password", "sasl_plain_password") or password
-            if not username or not secret:
-                raise FatalError(
-                    f"{where}: {mechanism} needs a username and password (the connection's login and password, "
-                    "or extra 'sasl.username' / 'sasl.password')",
-                    error_type=ErrorType.BAD_CONNECTION,
-                )
-            options["sasl_plain_username"] = str(username)
-            options["sasl_plain_password"] = str(secret)
-    tls: dict[str, Any] | None = None
-    if protocol in ("SSL", "SASL_SSL"):
-        identification = pick("ssl.endpoint.identification.algorithm")
-        tls = {
-            "cafile": pick("ssl.ca.location", "ssl_cafile"),
-            "certfile": pick("ssl.certificate.location", "ssl_certfile"),
-            "keyfile": pick("ssl.key.location", "ssl_keyfile"),
-            "password": pick("ssl.key.password", "ssl_password"),
-            "check_hostname": str(identification).lower() != "none" if identification is not None else True,
-        }
-    return options, tls
-
-
-async def load_client_options(conn_id: str) -> dict[str, Any]:
-    """Resolve ``conn_id`` in the triggerer into aiokafka kwargs (secrets never leave this call)."""
-    conn = await get_connection(conn_id, argument="kafka_conn_id", conn_types=("kafka",))
-    extra = await get_extra(conn)
-    options, tls = client_options(
-        conn_id=conn_id, host=conn.host, port=conn.port, login=conn.login, password=conn.password, extra=extra
-    )
-    if tls is not None:
-        files = TlsFiles(tls["cafile"], tls["certfile"], tls["keyfile"], tls["password"], bool(tls["check_hostname"]))
-        options["ssl_context"] = await build_ssl_context(files, where=f"kafka_conn_id={conn_id!r}")
-    return options
 
 
 # ================================================================================ errors
@@ -284,7 +179,7 @@ async def start_consumer(
     **overrides: Any,
 ) -> AIOKafkaConsumer:
     """A started consumer with no group, no auto-commit and no silent offset reset, scoped to
-    ``topics`` (its metadata names them only; :func:`set_topics` changes the scope).
+    ``topics`` (its metadata names them only; ``assign()`` and :func:`refresh_topics` change the scope).
 
     ``metadata_max_age_ms`` is how stale its view of partitions and leaders may get. Cancelling
     the start leaves nothing behind: the scoped bootstrap closes its connection on any exit.
@@ -304,7 +199,7 @@ async def start_consumer(
     }
     settings.update(overrides)
     consumer = AIOKafkaConsumer(**settings)
-    scope_client(consumer._client, topics, gates)
+    scope_client(consumer, topics, gates)
     token = _QUIET.set(True)  # the consumer's own tasks, started here, inherit it
     try:
         await consumer.start()
@@ -328,7 +223,7 @@ async def start_admin(
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(**options, request_timeout_ms=30_000)
-    scope_client(admin._client, topics, gates)
+    scope_client(admin, topics, gates)
     token = _QUIET.set(True)
     try:
         await admin.start()
@@ -402,12 +297,14 @@ def _install_log_filter() -> None:
         logging.getLogger(name).addFilter(line_filter)
 
 
-def scope_client(client: Any, topics: Iterable[str], gates: ConnectGates | None) -> None:
-    """Make an ``AIOKafkaClient`` (a consumer's or admin's ``_client``) a topic-scoped one.
+def scope_client(owner: Any, topics: Iterable[str], gates: ConnectGates | None) -> None:
+    """Make the ``AIOKafkaClient`` of a consumer or admin client (not started yet) topic-scoped.
 
-    Private: swaps the instance's class for :func:`_scoped_client_class`'s subclass (methods
-    only, no state of its own) and sets ``_topics``, the set aiokafka's metadata requests name.
+    Private: ``owner._client``; swaps that instance's class for :func:`_scoped_client_class`'s
+    subclass (methods only, no state of its own) and sets ``_topics``, the set aiokafka's
+    metadata requests name.
     """
+    client = owner._client
     client.__class__ = _scoped_client_class()
     client._kit_gates = gates
     client._topics = set(topics)
@@ -553,16 +450,6 @@ def _scoped_client_class() -> type:
     return TopicScopedClient
 
 
-def set_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
-    """Change the topics a consumer's metadata covers (refreshed in the background if new ones).
-
-    Private: ``consumer._client.set_topics``. Needed for a consumer that looks offsets up for
-    partitions it is not assigned (their leaders come from its metadata); the public way,
-    ``subscribe``, joins a group.
-    """
-    consumer._client.set_topics(list(topics))
-
-
 def describe_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> TopicsAnswer:
     """What the consumer's metadata (scoped to these topics) says about them, without a request.
 
@@ -660,17 +547,14 @@ __all__ = [
     "TopicsAnswer",
     "bootstrap_error",
     "classify_kafka_error",
-    "client_options",
     "describe_topics",
     "failed_topic",
     "import_aiokafka",
     "known_position",
-    "load_client_options",
     "out_of_range_offsets",
     "quiet_aiokafka",
     "refresh_topics",
     "scope_client",
-    "set_topics",
     "start_admin",
     "start_consumer",
 ]

@@ -15,7 +15,7 @@ import collections
 import heapq
 import itertools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_deferrable_kit._kafka_client import known_position
@@ -288,6 +288,18 @@ class Pace:
         self.woken = 0
 
 
+async def hand_out(batch: Mapping[TopicPartition, list[Any]], feed_for: Callable[[str], FanOut | None]) -> None:
+    """Hand a fetch that spans topics to each topic's fan-out (``feed_for``), with one pace."""
+    by_topic: dict[str, dict[TopicPartition, list[Any]]] = collections.defaultdict(dict)
+    for tp, records in batch.items():
+        by_topic[tp.topic][tp] = records
+    pace = Pace()
+    for topic, part in by_topic.items():
+        feed = feed_for(topic)
+        if feed is not None:
+            await feed._dispatch(part, pace)
+
+
 class _Group:
     """The waiters of one value format on a fan-out, indexed by the values they compare."""
 
@@ -547,4 +559,4 @@ class CatchUpPass(FanOut):
         return not self.groups
 
 
-__all__ = ["COUNTED", "CatchUpPass", "FanOut", "Pace", "Waiter"]
+__all__ = ["COUNTED", "CatchUpPass", "FanOut", "Pace", "Waiter", "hand_out"]

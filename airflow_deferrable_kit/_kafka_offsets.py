@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_deferrable_kit._kafka_client import (
     describe_topics,
-    load_client_options,
     out_of_range_offsets,
     start_admin,
     start_consumer,
 )
 from airflow_deferrable_kit._kafka_gate import ConnectGates
+from airflow_deferrable_kit._kafka_settings import load_client_options
 from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import TransientError
 

@@ -16,7 +16,6 @@ fatal errors reach the waiters of the topics they concern.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -31,16 +30,16 @@ from airflow_deferrable_kit._kafka_client import (
     describe_topics,
     failed_topic,
     import_aiokafka,
-    load_client_options,
     out_of_range_offsets,
     quiet_aiokafka,
     refresh_topics,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka_fanout import FanOut, Pace, Waiter
+from airflow_deferrable_kit._kafka_fanout import FanOut, Waiter, hand_out
 from airflow_deferrable_kit._kafka_gate import ConnectGates, gates_for
 from airflow_deferrable_kit._kafka_lookups import BatchedLookups
 from airflow_deferrable_kit._kafka_offsets import CommittedOffsets, StartOffsets, resolve_start
+from airflow_deferrable_kit._kafka_settings import load_client_options
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.errors import ErrorType, describe_exception
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
@@ -330,9 +329,7 @@ class ConnectionReader:
         new: list[TopicPartition] = []
         for reader in batch:
             if reader.topic in answer.unauthorized:
-                reader.fail(
-                    FatalError(f"not authorized to describe topic {reader.topic!r}", error_type=ErrorType.AUTHORIZATION)
-                )
+                reader.fail(_not_authorized(reader.topic))
             elif reader.topic in answer.partitions:
                 new.extend(TopicPartition(reader.topic, p) for p in sorted(answer.partitions[reader.topic]))
         ends = await consumer.end_offsets(new) if new else {}
@@ -361,9 +358,7 @@ class ConnectionReader:
         new: list[TopicPartition] = []
         for reader in readers:
             if reader.topic in answer.unauthorized:
-                reader.fail(
-                    FatalError(f"not authorized to describe topic {reader.topic!r}", error_type=ErrorType.AUTHORIZATION)
-                )
+                reader.fail(_not_authorized(reader.topic))
                 continue
             partitions = answer.partitions.get(reader.topic)
             if partitions is None:
@@ -490,14 +485,11 @@ class ConnectionReader:
         return fetching.result()
 
     async def _dispatch(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
-        by_topic: dict[str, dict[TopicPartition, list[Any]]] = collections.defaultdict(dict)
-        for tp, records in batch.items():
-            by_topic[tp.topic][tp] = records
-        pace = Pace()
-        for topic, part in by_topic.items():
-            reader = self.topics.get(topic)
-            if reader is not None and reader.known:
-                await reader._dispatch(part, pace)
+        await hand_out(batch, self._known)
+
+    def _known(self, topic: str) -> TopicReader | None:
+        reader = self.topics.get(topic)
+        return reader if reader is not None and reader.known else None
 
     def _sync_positions(self, topics: set[str] | None) -> None:
         """Move past offsets the consumer skipped without returning records (gaps, control batches)."""
@@ -551,6 +543,10 @@ class ConnectionReader:
         reader.rewind(tp, offset)
         if self.fetch is not None and tp in self._assigned:
             self.fetch.seek(tp, offset)
+
+
+def _not_authorized(topic: str) -> FatalError:
+    return FatalError(f"not authorized to describe topic {topic!r}", error_type=ErrorType.AUTHORIZATION)
 
 
 __all__ = [

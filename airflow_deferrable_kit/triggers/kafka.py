@@ -6,14 +6,15 @@ What makes this wait cheap and safe at scale:
   there is no rebalance, no offset commit and no side effect when two triggerers run the same
   trigger (Airflow HA). Reading a group's committed offsets is read-only; committing is opt-in
   and done by the sensor after Airflow has stored the event (at-least-once).
-* **One reader per (connection, topic) per triggerer process.** Every waiter on a topic leases
-  the same :class:`~airflow_deferrable_kit._kafka_reader.TopicReader`: one consumer, one fetch
-  stream. The reader decodes each message once and fans it out to the waiters whose conditions
-  can match it (an index on the values the conditions compare), so 10,000 waiters cost one
-  consumer and CPU in proportion to the message rate. Waiters whose start lies behind the reader
-  are brought up to it together by one shared catch-up pass (one more consumer, whatever their
-  number), then join; a waiter too slow to keep up (a slow predicate) leaves, catches up at its
-  own pace and joins again, so buffers stay bounded.
+* **One reader per connection per triggerer process, whatever the topics.** Every waiter on a
+  connection joins the same :class:`~airflow_deferrable_kit._kafka_reader.ConnectionReader`:
+  one fetch consumer assigned the partitions of every topic waited on, one lookup consumer, one
+  catch-up consumer, whose metadata requests name the topics waited on only. Each message is
+  decoded once and handed to the waiters whose conditions can match it (an index on the values
+  the conditions compare), so 10,000 waiters on 1,000 topics cost a few consumers and CPU in
+  proportion to the message rate. Waiters whose start lies behind their topic's hand-out are
+  brought up to it together by shared catch-up passes; a waiter too slow to keep up (a slow
+  predicate) leaves, catches up at its own pace and joins again, so buffers stay bounded.
 * **Nothing missed.** The default start is "every message produced after the task first
   deferred": the sensor fixes the log end offset of every partition then (``start_offsets``),
   once, and they travel in the kwargs, so a triggerer restart or a re-deferral starts from the
@@ -24,7 +25,9 @@ What makes this wait cheap and safe at scale:
 
 This module is the trigger alone: the aiokafka side is in :mod:`airflow_deferrable_kit._kafka_client`,
 the message and condition model in :mod:`airflow_deferrable_kit._kafka_messages`, and the shared
-reader in :mod:`airflow_deferrable_kit._kafka_reader` (its hand-out in ``_kafka_fanout``).
+reader in :mod:`airflow_deferrable_kit._kafka_reader` (its hand-out in ``_kafka_fanout``, its
+catch-up passes in ``_kafka_catchup``, its batched lookups in ``_kafka_lookups``, its
+connection backoff in ``_kafka_gate``; start offsets in ``_kafka_offsets``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from airflow_deferrable_kit._kafka_catchup import OwnPace, read_on_own
 from airflow_deferrable_kit._kafka_client import (
     classify_kafka_error,
     describe_topics,
-    load_client_options,
     quiet_aiokafka,
     start_consumer,
 )
@@ -58,6 +60,7 @@ from airflow_deferrable_kit._kafka_messages import (
 )
 from airflow_deferrable_kit._kafka_offsets import CommittedOffsets, resolve_start
 from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
+from airflow_deferrable_kit._kafka_settings import load_client_options
 from airflow_deferrable_kit.conditions import ConditionSet, Decision, import_predicate
 from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, WaitError
 from airflow_deferrable_kit.payload import Found

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from aiokafka import errors
 
-from airflow_deferrable_kit._kafka_client import classify_kafka_error, client_options
+from airflow_deferrable_kit._kafka_client import classify_kafka_error
+from airflow_deferrable_kit._kafka_settings import client_options
 from airflow_deferrable_kit.payload import FatalError, TransientError
 
 
