@@ -29,7 +29,11 @@ _WAITS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 # The base trigger and sensor are for writing your own waits; they get an integration of their own.
 _OWN_WAITS = ("Deferrable Kit: your own waits", "writing-your-own-wait.md", ("apache",))
 # Event triggers (for AssetWatcher) of a wait, listed with it: module under triggers/ -> theirs.
-_EVENT_MODULES: dict[str, tuple[str, ...]] = {"s3": ("s3_events",), "base": ("events",)}
+_EVENT_MODULES: dict[str, tuple[str, ...]] = {
+    "s3": ("s3_events",),
+    "postgres": ("postgres_events",),
+    "base": ("events",),
+}
 
 
 def _trigger_modules(module: str) -> list[str]:

@@ -200,7 +200,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             return delay
         delay = max(self.backoff_delay(failures), float(self.max_backoff) / 2)
         self.log.error(
-            "%s: %s (%s); nothing fires until this is fixed, retrying in %.0fs",
+            "%s: %s (%s); nothing fires until this is fixed, retrying in %.1fs",
             self.describe(), redact(error.message), error.error_type, delay,
         )  # fmt: skip
         return delay

@@ -50,6 +50,14 @@ EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
         "wait_params": {"target_time": "2030-01-01T00:00:00+00:00"},
     },
     "S3KeyEventTrigger": {"bucket_key": "s3://bucket-a/in/*.csv", "wildcard_match": True, "lookback": 600},
+    "PostgresRowEventTrigger": {
+        "postgres_conn_id": "warehouse",
+        "table": "etl.loads",
+        "match": {"dataset": "orders"},
+        "order_column": "loaded_at",
+        "key_column": "id",
+        "success": [{"column": "status", "equals": "done"}],
+    },
 }
 
 
