@@ -32,6 +32,7 @@ _OWN_WAITS = ("Deferrable Kit: your own waits", "writing-your-own-wait.md", ("ap
 _EVENT_MODULES: dict[str, tuple[str, ...]] = {
     "s3": ("s3_events",),
     "postgres": ("postgres_events",),
+    "http": ("http_events",),
     "base": ("events",),
 }
 

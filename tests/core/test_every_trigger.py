@@ -50,6 +50,11 @@ EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
         "wait_params": {"target_time": "2030-01-01T00:00:00+00:00"},
     },
     "S3KeyEventTrigger": {"bucket_key": "s3://bucket-a/in/*.csv", "wildcard_match": True, "lookback": 600},
+    "HttpBatchReadyEventTrigger": {
+        "http_conn_id": "batch_api",
+        "endpoint": "v1/batches/latest/status",
+        "success": [{"path": "state", "equals": "ready"}],
+    },
     "PostgresRowEventTrigger": {
         "postgres_conn_id": "warehouse",
         "table": "etl.loads",
