@@ -63,6 +63,39 @@ HOW_TO_LOOK: Final = ("poll_interval", "max_backoff", "backfill")
 MIN_WAKE_GAP: Final = 0.25
 #: Retry backoff of a watermark read that failed.
 LOAD_RETRY_BASE, LOAD_RETRY_CAP = 0.5, 30.0
+#: The key a list travels under in the kwargs of an event trigger (see :func:`portable_kwargs`).
+LIST_KEY: Final = "__adk_list__"
+
+
+def portable_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Kwargs Airflow can register as an ``AssetWatcher``: each top-level list holding a dict wrapped.
+
+    Airflow 3.3.2 identifies a watcher's trigger by a hash of its kwargs, computed once from the
+    DAG and once from the ``trigger`` row it stored. A top-level list of objects (conditions such
+    as ``success=[{"path": "state", "equals": "ready"}]``) comes back from the row still wrapped
+    in Airflow's serialization envelopes, so the two hashes differ and the watcher is silently
+    never attached to its asset (and a new row is written at every parse). The same values
+    inside an object round-trip intact, so such lists travel as ``{"__adk_list__": [...]}``
+    and are unwrapped when the trigger is built (:func:`unwrap_lists`).
+    """
+    return {
+        name: {LIST_KEY: value} if isinstance(value, list) and _holds_object(value) else value
+        for name, value in kwargs.items()
+    }
+
+
+def _holds_object(value: Any) -> bool:
+    if isinstance(value, dict):
+        return True
+    return isinstance(value, list) and any(_holds_object(item) for item in value)
+
+
+def unwrap_lists(trigger: Any) -> None:
+    """Undo :func:`portable_kwargs` on a trigger just built from its kwargs."""
+    for field in dataclasses.fields(trigger):
+        value = getattr(trigger, field.name)
+        if isinstance(value, dict) and set(value) == {LIST_KEY} and isinstance(value[LIST_KEY], list):
+            setattr(trigger, field.name, value[LIST_KEY])
 
 
 def event_payload(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -94,6 +127,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
 
     def __post_init__(self) -> None:
         self.asset_state_store: Any = None  # injected by the triggerer before the trigger runs
+        unwrap_lists(self)
         for name in WAIT_ONLY:
             field = next(f for f in dataclasses.fields(self) if f.name == name)
             if getattr(self, name) != field.default:
@@ -108,6 +142,10 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
     @classmethod
     def parameter_names(cls) -> tuple[str, ...]:
         return tuple(name for name in super().parameter_names() if name not in WAIT_ONLY)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, portable_kwargs(kwargs)
 
     def as_event_trigger(self, **options: Any) -> EventTrigger:
         """Already one: returned as it is (with ``options``, a copy with them changed)."""

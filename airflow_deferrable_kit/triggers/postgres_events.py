@@ -32,7 +32,7 @@ from airflow_deferrable_kit._postgres_values import coerce_arguments, row_docume
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import DEFAULT
 from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError
-from airflow_deferrable_kit.payload import json_safe
+from airflow_deferrable_kit.payload import json_safe, truncate_text
 from airflow_deferrable_kit.triggers.events import EventTrigger, event_payload
 from airflow_deferrable_kit.triggers.postgres import (
     Bindings,
@@ -132,7 +132,12 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
         self._columns = columns
 
     def describe(self) -> str:
-        return f"{super().describe()}, new rows by {self.order_column}"
+        if self.table is not None:
+            where = " AND ".join(f"{column}={value!r}" for column, value in self.match.items())
+            what = self.table + (f" where {where}" if where else "")
+        else:
+            what = f"query {truncate_text(' '.join(self._sql.split()), 120)!r}"
+        return f"new Postgres rows of {what} by {self.order_column} ({self.postgres_conn_id})"
 
     def stream_identity(self) -> Any:
         """The query: watchers of one table, match (or SQL) and order share it, whatever they accept."""

@@ -262,3 +262,50 @@ async def test_the_standalone_run_path_fires_edges_too() -> None:
 def test_event_triggers_are_event_triggers_only() -> None:
     assert EventTrigger.supports_triggerer_queue is False
     assert "deadline" not in ConditionEventTrigger.parameter_names()
+
+
+def test_lists_of_objects_travel_so_that_airflow_attaches_the_watcher() -> None:
+    from airflow.models.trigger import Trigger
+    from airflow.serialization.encoders import encode_trigger
+    from airflow.triggers.base import BaseEventTrigger
+
+    from airflow_deferrable_kit.triggers.http_events import HttpBatchReadyEventTrigger
+
+    trigger = HttpBatchReadyEventTrigger(
+        http_conn_id="api", success=[{"path": "state", "equals": "ready"}], json_body=[{"a": [{"b": 1}]}]
+    )
+    _, kwargs = trigger.serialize()
+    assert kwargs["success"] == {"__adk_list__": [{"path": "state", "equals": "ready"}]}
+    assert kwargs["select"] == [] and kwargs["not_yet_codes"] == [404]  # lists of plain values stay lists
+    rebuilt = HttpBatchReadyEventTrigger(**kwargs)
+    assert rebuilt.success == [{"path": "state", "equals": "ready"}] and rebuilt == trigger
+    encoded = encode_trigger(trigger)
+    row = Trigger(classpath=encoded["classpath"], kwargs=encoded["kwargs"])
+    assert BaseEventTrigger.hash(*encoded.values()) == BaseEventTrigger.hash(row.classpath, row.kwargs)
+    # Airflow's own problem, which the wrapping avoids (if this starts failing, Airflow fixed it):
+    plain = {"success": [{"path": "state"}]}
+    encoded_plain = encode_trigger({"classpath": "x.Y", "kwargs": plain})
+    row = Trigger(classpath="x.Y", kwargs=encoded_plain["kwargs"])
+    assert BaseEventTrigger.hash("x.Y", encoded_plain["kwargs"]) != BaseEventTrigger.hash("x.Y", row.kwargs)
+
+
+def test_the_example_dags_parse_and_airflow_would_attach_each_watcher() -> None:
+    import runpy
+    from pathlib import Path
+
+    from airflow.models.trigger import Trigger
+    from airflow.sdk import DAG
+    from airflow.serialization.encoders import encode_trigger
+    from airflow.triggers.base import BaseEventTrigger
+
+    path = Path(__file__).resolve().parents[2] / "dags" / "example_events.py"
+    namespace = runpy.run_path(str(path))
+    assets = [value for value in namespace.values() if isinstance(value, Asset)]
+    assert sorted(asset.name for asset in assets) == ["demo_batch_ready", "finished_batches", "landed_orders"]
+    for asset in assets:
+        [watcher] = asset.watchers
+        encoded = encode_trigger(watcher.trigger)
+        row = Trigger(classpath=encoded["classpath"], kwargs=encoded["kwargs"])
+        assert BaseEventTrigger.hash(*encoded.values()) == BaseEventTrigger.hash(row.classpath, row.kwargs)
+    dags = {value.dag_id for value in namespace.values() if isinstance(value, DAG)}
+    assert len(dags) == 3

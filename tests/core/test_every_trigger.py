@@ -144,3 +144,21 @@ def test_event_trigger_kwargs_are_json_and_rebuild_an_equal_trigger(
     assert BaseEventTrigger.hash(*rebuilt.serialize()) == BaseEventTrigger.hash(classpath, kwargs)
     assert rebuilt.shared_stream_key() == trigger.shared_stream_key()
     assert rebuilt.watermark_key() == trigger.watermark_key()  # type: ignore[attr-defined]
+    assert_airflow_attaches_it_to_its_asset(trigger)
+
+
+def assert_airflow_attaches_it_to_its_asset(trigger: Any) -> None:
+    """The check ``add_asset_trigger_references`` makes at each DAG parse (Airflow 3.3.2).
+
+    It hashes the watcher's trigger as the DAG encodes it and as the stored ``trigger`` row
+    gives it back; when they differ the watcher is silently never attached to its asset.
+    """
+    from airflow.models.trigger import Trigger
+    from airflow.serialization.encoders import encode_trigger
+    from airflow.triggers.base import BaseEventTrigger
+
+    encoded = encode_trigger(trigger)
+    row = Trigger(classpath=encoded["classpath"], kwargs=encoded["kwargs"])
+    assert BaseEventTrigger.hash(encoded["classpath"], encoded["kwargs"]) == BaseEventTrigger.hash(
+        row.classpath, row.kwargs
+    )
