@@ -20,6 +20,8 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import time
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: Backoff of a watermark write that failed (the store is the metadata DB through the supervisor).
 SAVE_RETRY_BASE, SAVE_RETRY_CAP = 0.5, 30.0
+#: CPU seconds of judging one loop iteration may hold before the other watchers wait a turn.
+JUDGING_BUDGET = 0.01
+#: What judging one unit (a row, a listed key) is assumed to cost before it has been measured.
+FIRST_UNIT_COST = 5e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +141,67 @@ def release_board(board: Board) -> None:
 def live_boards() -> dict[Hashable, int]:
     """Boards held in the running loop and their holders (for tests and diagnostics)."""
     return {key: entry[1] for key, entry in _boards.get().items()}
+
+
+class JudgingGate:
+    """Watchers judge a look a few per loop iteration, so that no iteration runs long.
+
+    A look is fanned out to every watcher of it at once: a thousand watchers judging a page of
+    a thousand rows would otherwise all run in one loop iteration, for seconds, and hold every
+    other trigger (and Airflow's blocked-loop watchdog would say so). Each watcher says how big
+    its judging is (rows, listed keys); the gate admits, per iteration, what fits in
+    :data:`JUDGING_BUDGET` at the cost per unit it has measured so far, always at least one.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: deque[tuple[asyncio.Future[None], float]] = deque()
+        self._reserved = 0.0
+        self._scheduled = False
+        self.unit_cost = FIRST_UNIT_COST
+
+    async def enter(self, units: int) -> float:
+        """Wait for a turn to judge ``units``; returns the CPU clock to pass to :meth:`leave`."""
+        estimate = self.unit_cost * max(units, 1)
+        if self._waiting or (self._reserved and self._reserved + estimate > JUDGING_BUDGET):
+            admitted = asyncio.get_running_loop().create_future()
+            self._waiting.append((admitted, estimate))
+            self._schedule()
+            await admitted
+        else:
+            self._reserved += estimate
+            self._schedule()
+        return time.thread_time()
+
+    def leave(self, units: int, started: float) -> None:
+        """Judging ``units`` took from ``started`` to now: learn the cost per unit."""
+        measured = (time.thread_time() - started) / max(units, 1)
+        self.unit_cost = 0.7 * self.unit_cost + 0.3 * measured
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._turn)
+
+    def _turn(self) -> None:
+        self._scheduled = False
+        self._reserved = 0.0
+        while self._waiting:
+            admitted, estimate = self._waiting[0]
+            if self._reserved and self._reserved + estimate > JUDGING_BUDGET:
+                break
+            self._waiting.popleft()
+            if not admitted.done():  # a cancelled watcher's turn is skipped
+                admitted.set_result(None)
+                self._reserved += estimate
+        if self._waiting or self._reserved:
+            self._schedule()
+
+
+_gates: PerLoop[JudgingGate] = PerLoop(JudgingGate)
+
+
+def judging_gate() -> JudgingGate:
+    return _gates.get()
 
 
 # ---------------------------------------------------------------------------- the producer
@@ -261,9 +328,11 @@ __all__ = [
     "Board",
     "Committer",
     "EventProducer",
+    "JudgingGate",
     "Raw",
     "Source",
     "acquire_board",
+    "judging_gate",
     "live_boards",
     "release_board",
     "standalone_stream",

@@ -45,6 +45,7 @@ from airflow_deferrable_kit._event_streams import (
     EventProducer,
     Raw,
     acquire_board,
+    judging_gate,
     release_board,
     standalone_stream,
 )
@@ -174,6 +175,10 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement derive()")
 
+    def judging_units(self, data: Any) -> int:
+        """How big judging one look is for :meth:`derive` (rows, listed keys); default 1."""
+        return 1
+
     def needs_catch_up(self, data: Any) -> bool:
         """Whether to look again at once (a page was full) instead of after ``poll_interval``."""
         return False
@@ -276,8 +281,16 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         committer = Committer(store, board, describe=self.describe())
         try:
             self.follow(board, state)
+            gate = judging_gate()
             async for raw in shared_stream:
-                derived = await self._derive(raw, state)
+                # The watchers of one look judge it a few per loop iteration (JudgingGate), so
+                # a thousand of them never hold the loop for the sum of their work.
+                units = self.judging_units(raw.data)
+                started = await gate.enter(units)
+                try:
+                    derived = await self._derive(raw, state)
+                finally:
+                    gate.leave(units, started)
                 if derived is None:
                     continue
                 payloads, new_state = derived

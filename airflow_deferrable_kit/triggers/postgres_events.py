@@ -211,6 +211,9 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
     def needs_catch_up(self, data: Any) -> bool:
         return bool(data["full"])
 
+    def judging_units(self, data: Any) -> int:
+        return len(data["rows"])
+
     async def _listen(self) -> None:
         conn_id, channel = self.postgres_conn_id, str(self.notify_channel)
         listener = await self.lease(

@@ -81,15 +81,22 @@ class _Snapshot:
 
 
 class _Object:
-    __slots__ = ("bucket", "description", "key", "millis", "seen_hash")
+    """One listed object as a watcher sees it: its time, its hash in ``seen``, its description."""
+
+    __slots__ = ("bucket", "etag", "key", "millis", "seen_hash", "size")
 
     def __init__(self, millis: int, bucket: str, key: str, etag: Any, size: Any) -> None:
-        self.bucket, self.key, self.millis = bucket, key, millis
-        self.description = describe_object(
-            bucket, key, size, etag, dt.datetime.fromtimestamp(millis / 1000, tz=dt.timezone.utc)
-        )
-        text = f"{bucket}\0{key}\0{self.description['etag']}\0{millis}"
+        self.bucket, self.key, self.millis, self.size = bucket, key, millis, size
+        self.etag = etag.strip('"') if isinstance(etag, str) else None
+        text = f"{bucket}\0{key}\0{self.etag}\0{millis}"
         self.seen_hash = hashlib.blake2b(text.encode(), digest_size=SEEN_HASH_HEX // 2).hexdigest()
+
+    def payload(self) -> dict[str, Any]:
+        """The event: the object as the wait describes it, and an ``event_id`` made of it."""
+        modified = dt.datetime.fromtimestamp(self.millis / 1000, tz=dt.timezone.utc)
+        description = describe_object(self.bucket, self.key, self.size, self.etag, modified)
+        event_id = f"s3://{self.bucket}/{self.key}#{self.etag or ''}@{description['last_modified']}"
+        return event_payload({**description, "event_id": event_id})
 
 
 class S3KeyEventTrigger(EventTrigger, S3KeyTrigger):
@@ -142,6 +149,9 @@ class S3KeyEventTrigger(EventTrigger, S3KeyTrigger):
             snapshots[bucket, prefix] = _Snapshot(listing)
         return snapshots
 
+    def judging_units(self, data: Any) -> int:
+        return sum(len(data[pair].listing.keys) for pair in self._prefixes)
+
     # -------------------------------------------------------------------- this watcher's view
     def _listed(self, snapshots: dict[tuple[str, str], _Snapshot]) -> list[tuple[int, str, str, Any, Any]]:
         """``(last modified ms, bucket, key, etag, size)`` of each object this watcher matches, oldest first."""
@@ -182,7 +192,7 @@ class S3KeyEventTrigger(EventTrigger, S3KeyTrigger):
             "newest": _iso(newest) if newest is not None else None,
             "seen": sorted(o.seen_hash for o in objects if floor is None or o.millis >= floor),
         }
-        return [event_payload({**o.description, "event_id": _event_id(o)}) for o in fresh], new_state
+        return [o.payload() for o in fresh], new_state
 
     def _capped_floor(self, objects: list[_Object], floor: int | None) -> int | None:
         """Raise the floor so at most :data:`MAX_SEEN_OBJECTS` listed objects are at or after it.
@@ -206,11 +216,6 @@ class S3KeyEventTrigger(EventTrigger, S3KeyTrigger):
             self.describe(), MAX_SEEN_OBJECTS, self.lookback, _iso(raised),
         )  # fmt: skip
         return raised
-
-
-def _event_id(obj: _Object) -> str:
-    description = obj.description
-    return f"s3://{obj.bucket}/{obj.key}#{description['etag'] or ''}@{description['last_modified']}"
 
 
 __all__ = ["MAX_SEEN_OBJECTS", "S3KeyEventTrigger"]

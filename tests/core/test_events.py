@@ -309,3 +309,33 @@ def test_the_example_dags_parse_and_airflow_would_attach_each_watcher() -> None:
         assert BaseEventTrigger.hash(*encoded.values()) == BaseEventTrigger.hash(row.classpath, row.kwargs)
     dags = {value.dag_id for value in namespace.values() if isinstance(value, DAG)}
     assert len(dags) == 3
+
+
+async def test_watchers_judging_one_look_take_turns_instead_of_holding_the_loop() -> None:
+    import time
+
+    from airflow_deferrable_kit._event_streams import judging_gate
+
+    gate = judging_gate()
+    loop = asyncio.get_running_loop()
+    late = [0.0]
+
+    async def ticker() -> None:
+        while True:
+            start = loop.time()
+            await asyncio.sleep(0.005)
+            late[0] = max(late[0], loop.time() - start - 0.005)
+
+    async def watcher() -> None:
+        started = await gate.enter(1000)  # a page of a thousand rows
+        end = time.thread_time() + 0.002  # judging it costs 2 ms of CPU
+        while time.thread_time() < end:
+            pass
+        gate.leave(1000, started)
+
+    tick = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0.02)
+    await asyncio.gather(*(watcher() for _ in range(200)))  # 0.4 s of work fanned out at once
+    tick.cancel()
+    assert late[0] < 0.1  # alone in one iteration it would be 0.4 s
+    assert 1e-6 < gate.unit_cost < 1e-5  # it learned what a unit costs
