@@ -5,6 +5,8 @@
 * :func:`open_pool` builds the one bounded pool a connection id gets per process: a thousand
   waiting triggers share ``pool_max_size`` server connections (4 by default), and a waiter
   holds one only for the length of its query.
+* :func:`pooled` lends one pooled connection for one query, with the statement timeout and a
+  release that a hung server cannot hold up: every query of the Postgres waits goes through it.
 * :func:`classify_postgres_error` is the one place asyncpg's exceptions become transient or
   fatal errors.
 
@@ -18,11 +20,13 @@ asyncpg is imported inside functions only, so this module imports without the ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shlex
 import ssl
 import urllib.parse
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -196,6 +200,56 @@ async def close_pool(pool: asyncpg.Pool) -> None:
         await asyncio.wait_for(pool.close(), timeout=CLOSE_GRACE)
     except (Exception, asyncio.CancelledError):
         pool.terminate()
+
+
+@contextlib.asynccontextmanager
+async def pooled(pool: asyncpg.Pool, timeout: float) -> AsyncIterator[Any]:
+    """One pooled connection for one query, held only for it.
+
+    Waiting for the connection and a query still running after ``timeout`` seconds (asyncpg's
+    ``timeout=``) are transient errors. A query cancelled in flight (the wait was cancelled, its
+    deadline passed, the triggerer is stopping) gives its connection back by
+    :func:`release_cancelled`, so a hung server cannot hold up the cancel.
+    """
+    try:
+        connection = await pool.acquire(timeout=timeout)
+    except asyncio.TimeoutError as exc:
+        raise TransientError(
+            f"no Postgres connection within statement_timeout={timeout}s "
+            "(every pooled connection busy, or the server not answering)",
+            error_type=ErrorType.UNAVAILABLE,
+        ) from exc
+    cancelled = False
+    try:
+        try:
+            yield connection
+        except asyncio.TimeoutError as exc:
+            raise TransientError(
+                f"the query ran longer than statement_timeout={timeout}s and was cancelled",
+                error_type=ErrorType.UNAVAILABLE,
+            ) from exc
+    except asyncio.CancelledError:
+        cancelled = True
+        await release_cancelled(pool, connection)
+        raise
+    finally:
+        if not cancelled:
+            await pool.release(connection)
+
+
+async def release_cancelled(pool: asyncpg.Pool, connection: Any) -> None:
+    """Give back a connection whose query was cancelled, without letting a hung server hold us.
+
+    asyncpg asks the server to cancel the query and a graceful release waits for that (so the
+    server stops working on it); a hung server would hold it for the statement timeout, so the
+    release gets ``CLOSE_GRACE`` seconds, then the socket is dropped (the pool opens a fresh one
+    when needed).
+    """
+    release = asyncio.ensure_future(pool.release(connection))
+    done, _ = await asyncio.wait({release}, timeout=CLOSE_GRACE)
+    if not done or release.exception() is not None:
+        connection.terminate()
+        await asyncio.gather(release, return_exceptions=True)
 
 
 # ---------------------------------------------------------------------- errors -> ours

@@ -28,6 +28,18 @@ _WAITS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 # The base trigger and sensor are for writing your own waits; they get an integration of their own.
 _OWN_WAITS = ("Deferrable Kit: your own waits", "writing-your-own-wait.md", ("apache",))
+# Event triggers (for AssetWatcher) of a wait, listed with it: module under triggers/ -> theirs.
+_EVENT_MODULES: dict[str, tuple[str, ...]] = {
+    "s3": ("s3_events",),
+    "postgres": ("postgres_events",),
+    "http": ("http_events",),
+    "base": ("events",),
+}
+
+
+def _trigger_modules(module: str) -> list[str]:
+    """The wait's trigger module and its event triggers' modules."""
+    return [f"airflow_deferrable_kit.triggers.{name}" for name in (module, *_EVENT_MODULES.get(module, ()))]
 
 
 def _doc_url(page: str) -> str:
@@ -58,10 +70,7 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": own_name, "python-modules": ["airflow_deferrable_kit.sensors.base"]},
         ],
         "triggers": [
-            *(
-                {"integration-name": name, "python-modules": [f"airflow_deferrable_kit.triggers.{module}"]}
-                for module, name, _, _ in _WAITS
-            ),
-            {"integration-name": own_name, "python-modules": ["airflow_deferrable_kit.triggers.base"]},
+            *({"integration-name": name, "python-modules": _trigger_modules(module)} for module, name, _, _ in _WAITS),
+            {"integration-name": own_name, "python-modules": _trigger_modules("base")},
         ],
     }

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any, ClassVar
 
 from airflow.triggers.base import (
+    BaseEventTrigger,
     BaseTrigger,
     TaskFailedEvent,
     TaskSkippedEvent,
@@ -294,6 +295,14 @@ class PollingTrigger(BaseTrigger):
     async def pause(self, delay: float) -> None:
         """Sleep between polls; override to wake early (e.g. on a LISTEN/NOTIFY notification)."""
         await self.clock.sleep(delay)
+
+    def as_event_trigger(self, **options: Any) -> BaseEventTrigger:
+        """This wait as an event trigger for an ``AssetWatcher``: one asset event each time its
+        condition becomes true, none while it stays true (``options``: ``backfill``, ``poll_interval``,
+        ``max_backoff``). See :mod:`airflow_deferrable_kit.triggers.events`."""
+        from airflow_deferrable_kit.triggers.events import ConditionEventTrigger
+
+        return ConditionEventTrigger.of(self, **options)
 
     async def lease(self, key: Hashable, factory: Factory, close: Closer) -> Any:
         """A client shared with every trigger using the same ``key`` in this loop, held until exit."""

@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
+from airflow.triggers.base import BaseEventTrigger
+
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._http_client import (
     NOT_JSON,
@@ -121,7 +123,9 @@ class HttpBatchReadyTrigger(PollingTrigger):
         if not isinstance(self.method, str) or self.method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         self._validate_query()
-        self._conditions = ConditionSet.load(self.acceptors, self.predicate, matchers=MATCHERS, refine=refine_status)
+        self._conditions = ConditionSet.load(
+            self.canonical_conditions(), self.predicate, matchers=MATCHERS, refine=refine_status
+        )
         self._acceptors: tuple[Acceptor, ...] = self._conditions.acceptors
         #: Off a 2xx only the status can be judged: the body is an error page or empty.
         self._status_conditions = ConditionSet([a for a in self._acceptors if a.matcher == "status"])
@@ -140,6 +144,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
         self._target: Target | None = None
         self._hold_off: float | None = None
         self._last: str | None = None
+
+    def canonical_conditions(self) -> list[dict[str, Any]]:
+        """The acceptors in their canonical form (a subclass may add its own shorthand)."""
+        return self.acceptors
 
     def _require_list(self, name: str) -> list[Any]:
         value = getattr(self, name)
@@ -166,6 +174,11 @@ class HttpBatchReadyTrigger(PollingTrigger):
 
     # ------------------------------------------------------------------------ polling
     async def check(self) -> Found | None:
+        response, safe_url, method = await self.fetch()
+        return await self.evaluate(response, safe_url=safe_url, method=method)
+
+    async def fetch(self) -> tuple[Response, str, str]:
+        """Send the request once: the response, its URL without credentials, and the method."""
         # The session first: its factory imports aiohttp (and yarl) off the loop.
         session = await self.lease(SESSION_KEY, open_session, close_session)
         if self._target is None:
@@ -181,7 +194,13 @@ class HttpBatchReadyTrigger(PollingTrigger):
             timeout=float(self.request_timeout),
             max_body_bytes=int(self.max_body_bytes),
         )
-        return await self.evaluate(response, safe_url=str(url.with_user(None)), method=method)
+        return response, str(url.with_user(None)), method
+
+    def as_event_trigger(self, **options: Any) -> BaseEventTrigger:
+        """This wait as an ``HttpBatchReadyEventTrigger``: one event each time the endpoint says ready."""
+        from airflow_deferrable_kit.triggers.http_events import HttpBatchReadyEventTrigger
+
+        return HttpBatchReadyEventTrigger(**{**self.serialize()[1], **options})
 
     async def evaluate(self, response: Response, *, safe_url: str, method: str) -> Found | None:
         """Decide on one response: ready, not yet, or raise a transient / fatal / failed error."""

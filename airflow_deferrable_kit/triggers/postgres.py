@@ -25,15 +25,13 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
-from airflow_deferrable_kit._postgres_client import CLOSE_GRACE, classify_postgres_error, close_pool, open_pool
+from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool, pooled
 from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
 from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
-from airflow_deferrable_kit.conditions import DEFAULT, MISSING, Acceptor, ConditionSet, explain, lookup
-from airflow_deferrable_kit.errors import ErrorType
+from airflow_deferrable_kit.conditions import DEFAULT, MISSING, Acceptor, ConditionSet, Verdict, explain, lookup
 from airflow_deferrable_kit.payload import (
     ConditionFailed,
     Found,
-    TransientError,
     WaitError,
     cap_value,
     truncate_text,
@@ -153,14 +151,38 @@ def compile_marker_query(
     failed), so a running attempt next to a finished one never hides the finished one. With
     ``order_by`` the first row in that order decides (e.g. the newest attempt).
     """
-    args: list[Any] = []
-    labels: list[str] = []
+    bound = Bindings()
+    bind = bound.bind
+    sql = compile_selection(table, match, bind)
+    if order_by:
+        sql += " ORDER BY " + ", ".join(f"{quote_identifier(c)} {d}" for c, d in parse_order_by(list(order_by)))
+    elif status_column is not None and (ready_values or failed_values):
+        status = quote_identifier(status_column)
+        ranks = []
+        for rank, (name, values) in enumerate((("ready_values", ready_values), ("failed_values", failed_values))):
+            if values:
+                options = ", ".join(bind(v, f"{name}[{i}]") for i, v in enumerate(values))
+                ranks.append(f"WHEN {status} IN ({options}) THEN {rank}")
+        sql += f" ORDER BY CASE {' '.join(ranks)} ELSE 2 END"
+    return sql + " LIMIT 1", bound.args, bound.labels
 
-    def bind(value: Any, label: str) -> str:
-        args.append(value)
-        labels.append(label)
-        return f"${len(args)}"
 
+class Bindings:
+    """Values bound to ``$1..$n`` in the order they are bound, each with the argument it came from."""
+
+    def __init__(self) -> None:
+        self.args: list[Any] = []
+        self.labels: list[str] = []
+
+    def bind(self, value: Any, label: str) -> str:
+        """Bind ``value``; the placeholder to write in its place."""
+        self.args.append(value)
+        self.labels.append(label)
+        return f"${len(self.args)}"
+
+
+def compile_selection(table: str, match: dict[str, Any], bind: Callable[[Any, str], str]) -> str:
+    """``SELECT * FROM table WHERE <match>``: quoted identifiers, every value through ``bind``."""
     conditions = []
     for column, value in match.items():
         name = quote_identifier(column)
@@ -174,17 +196,7 @@ def compile_marker_query(
     sql = "SELECT * FROM " + ".".join(quote_identifier(part) for part in parse_table(table))
     if conditions:
         sql += " WHERE " + " AND ".join(conditions)
-    if order_by:
-        sql += " ORDER BY " + ", ".join(f"{quote_identifier(c)} {d}" for c, d in parse_order_by(list(order_by)))
-    elif status_column is not None and (ready_values or failed_values):
-        status = quote_identifier(status_column)
-        ranks = []
-        for rank, (name, values) in enumerate((("ready_values", ready_values), ("failed_values", failed_values))):
-            if values:
-                options = ", ".join(bind(v, f"{name}[{i}]") for i, v in enumerate(values))
-                ranks.append(f"WHEN {status} IN ({options}) THEN {rank}")
-        sql += f" ORDER BY CASE {' '.join(ranks)} ELSE 2 END"
-    return sql + " LIMIT 1", args, labels
+    return sql
 
 
 # ------------------------------------------------------------------------------ the row
@@ -363,41 +375,19 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         """Run the query once on a pooled connection, held only for this query."""
         pool = await self._pool()
         timeout = float(self.statement_timeout)
-        try:
-            connection = await pool.acquire(timeout=timeout)
-        except asyncio.TimeoutError as exc:
-            raise TransientError(
-                f"no Postgres connection within statement_timeout={timeout}s "
-                "(every pooled connection busy, or the server not answering)",
-                error_type=ErrorType.UNAVAILABLE,
-            ) from exc
-        cancelled = False
-        try:
-            try:
-                if self._bound is None:
-                    statement = await connection.prepare(self._sql, timeout=timeout)
-                    self._bound = coerce_arguments(self._args, statement.get_parameters(), self._labels)
-                    return await statement.fetchrow(*self._bound, timeout=timeout)
-                return await connection.fetchrow(self._sql, *self._bound, timeout=timeout)
-            except asyncio.TimeoutError as exc:
-                raise TransientError(
-                    f"the query ran longer than statement_timeout={timeout}s and was cancelled",
-                    error_type=ErrorType.UNAVAILABLE,
-                ) from exc
-        except asyncio.CancelledError:
-            cancelled = True
-            await _release_cancelled(pool, connection)
-            raise
-        finally:
-            if not cancelled:
-                await pool.release(connection)
+        async with pooled(pool, timeout) as connection:
+            if self._bound is None:
+                statement = await connection.prepare(self._sql, timeout=timeout)
+                self._bound = coerce_arguments(self._args, statement.get_parameters(), self._labels)
+                return await statement.fetchrow(*self._bound, timeout=timeout)
+            return await connection.fetchrow(self._sql, *self._bound, timeout=timeout)
 
     async def check(self) -> Found | None:
         record = await self.fetch_row()
         if record is None:
             return None
         row = row_document(record)
-        verdict = await self._conditions.evaluate(lambda acceptor: value_in_row(row, acceptor), lambda: row)
+        verdict = await self.judge_row(row)
         state = verdict.state
         if state == DEFAULT:
             state = self._default_state(record)
@@ -405,6 +395,19 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             if verdict.observed:
                 self.log.debug("Row found but no condition decided yet: %s", verdict.observed)
             return None
+        data = self.row_data(row, verdict)
+        if state == "failure":
+            raise ConditionFailed(
+                f"{self.describe()}: the batch marker reports failure ({explain(data.get('matched'))})", details=data
+            )
+        return Found(data)
+
+    async def judge_row(self, row: dict[str, Any]) -> Verdict:
+        """The conditions' verdict on one row (a JSON document), by the one rule."""
+        return await self._conditions.evaluate(lambda acceptor: value_in_row(row, acceptor), lambda: row)
+
+    def row_data(self, row: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
+        """What a payload says about a matched row: the row (capped), where it came from, why."""
         capped, truncated, omitted = cap_row(row)
         data: dict[str, Any] = {"row": capped, "postgres_conn_id": self.postgres_conn_id}
         if self.table is not None:
@@ -419,11 +422,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             data["truncated_columns"] = truncated
         if omitted:
             data["omitted_columns"] = omitted
-        if state == "failure":
-            raise ConditionFailed(
-                f"{self.describe()}: the batch marker reports failure ({explain(data.get('matched'))})", details=data
-            )
-        return Found(data)
+        return data
 
     def _default_state(self, record: Any) -> str:
         """No condition given: a marker row is ready; a query is ready when its first cell is truthy.
@@ -485,21 +484,6 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
                 await self.clock.sleep(min(gap, remaining))
         wake.clear()
         self._last_wake = loop.time()
-
-
-async def _release_cancelled(pool: asyncpg.Pool, connection: Any) -> None:
-    """Give back a connection whose query was cancelled, without letting a hung server hold us.
-
-    The wait was cancelled, its deadline passed, or the triggerer is stopping. asyncpg asks the
-    server to cancel the query and a graceful release waits for that (so the server stops
-    working on it); a hung server would hold it for the statement timeout, so the release gets
-    ``CLOSE_GRACE`` seconds, then the socket is dropped (the pool opens a fresh one when needed).
-    """
-    release = asyncio.ensure_future(pool.release(connection))
-    done, _ = await asyncio.wait({release}, timeout=CLOSE_GRACE)
-    if not done or release.exception() is not None:
-        connection.terminate()
-        await asyncio.gather(release, return_exceptions=True)
 
 
 def _capped_decision(decided_by: dict[str, Any]) -> dict[str, Any]:

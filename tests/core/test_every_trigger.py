@@ -1,7 +1,8 @@
 """Every trigger the provider registers: JSON-only kwargs that rebuild an equal trigger.
 
 A new trigger module or class without an example here fails the first test, so none can ship
-without its round trip being checked.
+without its round trip being checked. Waits carry a deadline and task-ending flags; event
+triggers (for ``AssetWatcher``) carry none and are checked with what they take instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from hypothesis import strategies as st
 
 from airflow_deferrable_kit.get_provider_info import get_provider_info
 from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after
+from airflow_deferrable_kit.triggers.events import EdgeEventTrigger, EventTrigger
+
+#: The base classes, for writing triggers: not triggers themselves.
+BASES = (PollingTrigger, EventTrigger, EdgeEventTrigger)
 
 EXAMPLES: dict[str, dict[str, Any]] = {
     "DateTimeTrigger": {"target_time": "2030-01-01T00:00:00+00:00"},
@@ -38,6 +43,29 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+#: Event triggers: their own parameters, without a deadline or a task to end.
+EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
+    "ConditionEventTrigger": {
+        "wait_classpath": "airflow_deferrable_kit.triggers.temporal.DateTimeTrigger",
+        "wait_params": {"target_time": "2030-01-01T00:00:00+00:00"},
+    },
+    "S3KeyEventTrigger": {"bucket_key": "s3://bucket-a/in/*.csv", "wildcard_match": True, "lookback": 600},
+    "HttpBatchReadyEventTrigger": {
+        "http_conn_id": "batch_api",
+        "endpoint": "v1/batches/latest/status",
+        "success": [{"path": "state", "equals": "ready"}],
+    },
+    "PostgresRowEventTrigger": {
+        "postgres_conn_id": "warehouse",
+        "table": "etl.loads",
+        "match": {"dataset": "orders"},
+        "order_column": "loaded_at",
+        "key_column": "id",
+        "success": [{"column": "status", "equals": "done"}],
+    },
+}
+
+
 def registered_triggers() -> list[type[PollingTrigger]]:
     found = []
     for group in get_provider_info()["triggers"]:
@@ -45,17 +73,25 @@ def registered_triggers() -> list[type[PollingTrigger]]:
             module = importlib.import_module(module_name)
             # Python 3.10 counts aliases such as ``list[str]`` as classes; they are not triggers.
             for _, cls in inspect.getmembers(module, lambda m: inspect.isclass(m) and not isinstance(m, GenericAlias)):
-                if issubclass(cls, PollingTrigger) and cls is not PollingTrigger and cls.__module__ == module_name:
+                if issubclass(cls, PollingTrigger) and cls not in BASES and cls.__module__ == module_name:
                     found.append(cls)
     return found
 
 
+def waits() -> list[type[PollingTrigger]]:
+    return [cls for cls in registered_triggers() if not issubclass(cls, EventTrigger)]
+
+
+def event_triggers() -> list[type[PollingTrigger]]:
+    return [cls for cls in registered_triggers() if issubclass(cls, EventTrigger)]
+
+
 def test_every_registered_trigger_has_an_example() -> None:
-    names = sorted(cls.__name__ for cls in registered_triggers())
-    assert names == sorted(EXAMPLES)
+    assert sorted(cls.__name__ for cls in waits()) == sorted(EXAMPLES)
+    assert sorted(cls.__name__ for cls in event_triggers()) == sorted(EVENT_EXAMPLES)
 
 
-@pytest.mark.parametrize("cls", registered_triggers(), ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("cls", waits(), ids=lambda cls: cls.__name__)
 @settings(max_examples=25, deadline=None)
 @given(
     poll_interval=st.floats(min_value=0.01, max_value=86_400, allow_nan=False),
@@ -80,3 +116,49 @@ def test_kwargs_are_json_and_rebuild_an_equal_trigger(
     assert rebuilt == trigger
     assert rebuilt.serialize() == (classpath, kwargs)
     assert rebuilt.deadline == trigger.deadline  # the absolute deadline survives a rebuild unchanged
+
+
+@pytest.mark.parametrize("cls", event_triggers(), ids=lambda cls: cls.__name__)
+@settings(max_examples=25, deadline=None)
+@given(
+    poll_interval=st.floats(min_value=0.01, max_value=86_400, allow_nan=False),
+    max_backoff=st.floats(min_value=0.01, max_value=86_400, allow_nan=False),
+    backfill=st.booleans(),
+)
+def test_event_trigger_kwargs_are_json_and_rebuild_an_equal_trigger(
+    cls: type[PollingTrigger], poll_interval: float, max_backoff: float, backfill: bool
+) -> None:
+    from airflow.triggers.base import BaseEventTrigger
+
+    trigger = cls(
+        **EVENT_EXAMPLES[cls.__name__], poll_interval=poll_interval, max_backoff=max_backoff, backfill=backfill
+    )
+    assert isinstance(trigger, BaseEventTrigger)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == f"{cls.__module__}.{cls.__qualname__}"
+    assert "deadline" not in kwargs and "end_from_trigger" not in kwargs
+    through_json = json.loads(json.dumps(kwargs, allow_nan=False))
+    rebuilt = cls(**through_json)
+    assert rebuilt == trigger
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert BaseEventTrigger.hash(*rebuilt.serialize()) == BaseEventTrigger.hash(classpath, kwargs)
+    assert rebuilt.shared_stream_key() == trigger.shared_stream_key()
+    assert rebuilt.watermark_key() == trigger.watermark_key()  # type: ignore[attr-defined]
+    assert_airflow_attaches_it_to_its_asset(trigger)
+
+
+def assert_airflow_attaches_it_to_its_asset(trigger: Any) -> None:
+    """The check ``add_asset_trigger_references`` makes at each DAG parse (Airflow 3.3.2).
+
+    It hashes the watcher's trigger as the DAG encodes it and as the stored ``trigger`` row
+    gives it back; when they differ the watcher is silently never attached to its asset.
+    """
+    from airflow.models.trigger import Trigger
+    from airflow.serialization.encoders import encode_trigger
+    from airflow.triggers.base import BaseEventTrigger
+
+    encoded = encode_trigger(trigger)
+    row = Trigger(classpath=encoded["classpath"], kwargs=encoded["kwargs"])
+    assert BaseEventTrigger.hash(encoded["classpath"], encoded["kwargs"]) == BaseEventTrigger.hash(
+        row.classpath, row.kwargs
+    )

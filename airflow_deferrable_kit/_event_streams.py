@@ -1,0 +1,339 @@
+"""The plumbing behind every event trigger: one poll per upstream, watermarks behind storage.
+
+Airflow 3.3's triggerer runs event triggers whose ``shared_stream_key()`` compare equal on one
+*shared stream*: a single producer polls the upstream and every trigger of the group filters
+what it yields. We run it in *ack mode* (``create_shared_stream_producer``): the triggerer
+calls the producer's ``advance()`` for a polled batch only once every trigger that received it
+moved past it and each event they derived from it is stored in the metadata database. That is
+the one signal Airflow gives that an event is safe, so a watcher writes its watermark only
+behind it (:class:`Committer`): an event is never covered by a saved watermark before it is
+stored, so a triggerer that dies never loses one.
+
+A :class:`Board` is where one group's producer and triggers meet in this process: the sequence
+numbers of the polled batches, which of them are stored (``clean_through``), and the cursors the
+triggers still need (a Postgres watcher far behind makes the shared query start lower).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_deferrable_kit._asset_state import WatermarkStore
+from airflow_deferrable_kit._backoff import full_jitter
+from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit._redact import redact
+from airflow_deferrable_kit.errors import describe_exception
+
+try:  # Airflow >= 3.3; on 3.2 the triggerer has no shared streams and runs run() alone
+    from airflow.triggers.shared_stream import SharedStreamProducer
+except ImportError:  # pragma: no cover - exercised by the Airflow floor check
+    SharedStreamProducer = object  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    from airflow.triggers.shared_stream import AdvanceItem
+
+log = logging.getLogger(__name__)
+
+#: Backoff of a watermark write that failed (the store is the metadata DB through the supervisor).
+SAVE_RETRY_BASE, SAVE_RETRY_CAP = 0.5, 30.0
+#: CPU seconds of judging one loop iteration may hold before the other watchers wait a turn.
+JUDGING_BUDGET = 0.01
+#: What judging one unit (a row, a listed key) is assumed to cost before it has been measured.
+FIRST_UNIT_COST = 5e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Raw:
+    """One polled batch as the group's triggers receive it: its number, its data, its board."""
+
+    seq: int
+    data: Any
+    board: Board
+
+
+class Board:
+    """Where one shared stream's producer and subscribers meet in this process."""
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self._seq = itertools.count()
+        #: The newest batch every subscriber accepted, with all their events stored (-1: none).
+        self.clean_through = -1
+        self._listeners: set[Callable[[], None]] = set()
+        self._cursors: dict[int, Any] = {}
+        self._baselines = 0
+        #: Set when a subscriber wants the producer to look now (a new cursor, a baseline).
+        self.poke = asyncio.Event()
+        #: Set whenever a subscriber's cursor moves (the producer catching up waits for it).
+        self.moved = asyncio.Event()
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def resolved(self, seq: int, clean: bool) -> None:
+        """The producer heard that batch ``seq`` is done with; ``clean``: every event stored."""
+        if clean and seq > self.clean_through:
+            self.clean_through = seq
+            for listener in list(self._listeners):
+                listener()
+
+    def listen(self, callback: Callable[[], None]) -> Callable[[], None]:
+        self._listeners.add(callback)
+        return lambda: self._listeners.discard(callback)
+
+    # ------------------------------------------------------------------ what subscribers need
+    def set_cursor(self, owner: object, cursor: Any) -> None:
+        """Say where ``owner`` is (a Postgres watcher's last row); the producer starts at the lowest."""
+        fresh = id(owner) not in self._cursors
+        self._cursors[id(owner)] = cursor
+        self.moved.set()
+        if fresh:
+            self.poke.set()
+
+    def drop(self, owner: object) -> None:
+        self._cursors.pop(id(owner), None)
+
+    def cursors(self) -> list[Any]:
+        return list(self._cursors.values())
+
+    def want_baseline(self, wanted: bool) -> None:
+        """A subscriber with no watermark asks the producer to say where the upstream is now."""
+        self._baselines += 1 if wanted else -1
+        if wanted:
+            self.poke.set()
+
+    @property
+    def wants_baseline(self) -> bool:
+        return self._baselines > 0
+
+
+_boards: PerLoop[dict[Hashable, list[Any]]] = PerLoop(dict)
+
+
+def acquire_board(key: Hashable) -> Board:
+    """The board of ``key`` in this loop, shared by its producer and subscribers while any holds it."""
+    boards = _boards.get()
+    entry = boards.get(key)
+    if entry is None:
+        entry = boards[key] = [Board(key), 0]
+    entry[1] += 1
+    board: Board = entry[0]
+    return board
+
+
+def release_board(board: Board) -> None:
+    boards = _boards.get()
+    entry = boards.get(board.key)
+    if entry is None or entry[0] is not board:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del boards[board.key]
+
+
+def live_boards() -> dict[Hashable, int]:
+    """Boards held in the running loop and their holders (for tests and diagnostics)."""
+    return {key: entry[1] for key, entry in _boards.get().items()}
+
+
+class JudgingGate:
+    """Watchers judge a look a few per loop iteration, so that no iteration runs long.
+
+    A look is fanned out to every watcher of it at once: a thousand watchers judging a page of
+    a thousand rows would otherwise all run in one loop iteration, for seconds, and hold every
+    other trigger (and Airflow's blocked-loop watchdog would say so). Each watcher says how big
+    its judging is (rows, listed keys); the gate admits, per iteration, what fits in
+    :data:`JUDGING_BUDGET` at the cost per unit it has measured so far, always at least one.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: deque[tuple[asyncio.Future[None], float]] = deque()
+        self._reserved = 0.0
+        self._scheduled = False
+        self.unit_cost = FIRST_UNIT_COST
+
+    async def enter(self, units: int) -> float:
+        """Wait for a turn to judge ``units``; returns the CPU clock to pass to :meth:`leave`."""
+        estimate = self.unit_cost * max(units, 1)
+        if self._waiting or (self._reserved and self._reserved + estimate > JUDGING_BUDGET):
+            admitted = asyncio.get_running_loop().create_future()
+            self._waiting.append((admitted, estimate))
+            self._schedule()
+            await admitted
+        else:
+            self._reserved += estimate
+            self._schedule()
+        return time.thread_time()
+
+    def leave(self, units: int, started: float) -> None:
+        """Judging ``units`` took from ``started`` to now: learn the cost per unit."""
+        measured = (time.thread_time() - started) / max(units, 1)
+        self.unit_cost = 0.7 * self.unit_cost + 0.3 * measured
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._turn)
+
+    def _turn(self) -> None:
+        self._scheduled = False
+        self._reserved = 0.0
+        while self._waiting:
+            admitted, estimate = self._waiting[0]
+            if self._reserved and self._reserved + estimate > JUDGING_BUDGET:
+                break
+            self._waiting.popleft()
+            if not admitted.done():  # a cancelled watcher's turn is skipped
+                admitted.set_result(None)
+                self._reserved += estimate
+        if self._waiting or self._reserved:
+            self._schedule()
+
+
+_gates: PerLoop[JudgingGate] = PerLoop(JudgingGate)
+
+
+def judging_gate() -> JudgingGate:
+    return _gates.get()
+
+
+# ---------------------------------------------------------------------------- the producer
+class Source(Protocol):
+    """What a producer polls: an event trigger built from one group member's kwargs."""
+
+    def shared_stream_key(self) -> Hashable | None: ...
+
+    def poll_forever(self, board: Board) -> AsyncIterator[Any]: ...
+
+    async def release(self) -> None: ...
+
+
+class EventProducer(SharedStreamProducer):
+    """The ack-mode producer of one shared stream: polls, numbers each batch, relays advances."""
+
+    def __init__(self, source: Source) -> None:
+        self._source = source
+        self._board: Board | None = None
+
+    async def open_stream(self) -> AsyncIterator[tuple[Raw, int]]:
+        key = self._source.shared_stream_key()
+        board = self._board = acquire_board(key)
+        try:
+            async for data in self._source.poll_forever(board):
+                seq = board.next_seq()
+                yield Raw(seq, data, board), seq
+        finally:
+            release_board(board)
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Airflow: these batches are done with; a clean one had every derived event stored."""
+        if self._board is None:
+            return
+        for item in batch:
+            self._board.resolved(int(item.broker_payload), item.outcome.is_clean)
+
+    async def aclose(self) -> None:
+        await self._source.release()
+
+
+async def standalone_stream(source: Source) -> AsyncGenerator[Raw, None]:
+    """The shared stream without a triggerer: a batch counts as done once the filter moved past it.
+
+    What ``run()`` uses (tests, ``dag.test()``, an Airflow without shared streams): there is
+    no storage confirmation here, so a watermark follows the consumer taking the events.
+    """
+    key = source.shared_stream_key()
+    board = acquire_board(key)
+    try:
+        async for data in source.poll_forever(board):
+            seq = board.next_seq()
+            yield Raw(seq, data, board)
+            board.resolved(seq, clean=True)
+    finally:
+        release_board(board)
+        await source.release()
+
+
+# ---------------------------------------------------------------------------- the committer
+class Committer:
+    """Saves one subscriber's watermark, each time only behind the batches whose events are stored.
+
+    The subscriber *stages* its state after each batch that changed it; a staged state is saved
+    once the board says a batch at least as new was clean. A later clean batch covers the earlier
+    ones: a subscriber that failed to get an event stored is failed out of every outstanding
+    batch by Airflow, so no batch it received after that can be clean.
+    """
+
+    def __init__(self, store: WatermarkStore, board: Board, *, describe: str) -> None:
+        self._store = store
+        self._board = board
+        self._describe = describe
+        self._staged: list[tuple[int, Any]] = []
+        self._wake = asyncio.Event()
+        self._unlisten = board.listen(self._wake.set)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"watermark:{describe}")
+        self.saves = 0
+
+    def stage(self, seq: int, state: Any) -> None:
+        self._staged.append((seq, state))
+        if seq <= self._board.clean_through:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            through = self._board.clean_through
+            ready = [i for i, (seq, _) in enumerate(self._staged) if seq <= through]
+            if not ready:
+                continue
+            last = ready[-1]
+            state = self._staged[last][1]
+            try:
+                await self._store.save(state)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                delay = full_jitter(failures, base=SAVE_RETRY_BASE, cap=SAVE_RETRY_CAP)
+                log.warning(
+                    "Could not save the watermark of %s (%s); retrying in %.1fs",
+                    self._describe,
+                    redact(describe_exception(exc)),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                self._wake.set()
+                continue
+            failures = 0
+            self.saves += 1
+            del self._staged[: last + 1]
+
+    async def close(self) -> None:
+        """Stop (on cancel or exit): what is not saved yet is re-derived, and re-fired, next time."""
+        self._unlisten()
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+__all__ = [
+    "Board",
+    "Committer",
+    "EventProducer",
+    "JudgingGate",
+    "Raw",
+    "Source",
+    "acquire_board",
+    "judging_gate",
+    "live_boards",
+    "release_board",
+    "standalone_stream",
+]

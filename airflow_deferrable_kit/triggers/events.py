@@ -1,0 +1,501 @@
+"""Event triggers: start DAG runs when something happens outside, with no sensor task at all.
+
+Airflow 3 schedules a DAG on an asset whose ``AssetWatcher`` holds a ``BaseEventTrigger``: each
+event the trigger yields becomes an asset event. :class:`EventTrigger` is the base every event
+trigger here is built on, and it reuses the wait it watches for: a wait's parameters, its client,
+its conditions and its error classification are those of the wait (an ``S3KeyEventTrigger`` *is*
+an ``S3KeyTrigger`` that never stops). What the base adds, the same for every kind:
+
+* **one poll per upstream**: triggers whose :meth:`~EventTrigger.stream_identity` and poll
+  interval are equal share one poll loop in the triggerer (Airflow's shared streams), and each
+  of them filters what it polled against its own watermark;
+* **watermarks in the asset state store**, saved only once the events they cover are stored in
+  the metadata database (see :mod:`airflow_deferrable_kit._event_streams`): a triggerer that
+  stops or dies never loses an event; one that dies in the second or two between an event
+  being stored and its watermark being saved fires it again after the restart;
+* **errors never fire**: transient errors back off with full jitter, fatal ones are logged and
+  retried every ``max_backoff`` seconds (an event trigger must run for ever: one that exits
+  is restarted at once by the triggerer), and a batch that cannot be judged is judged again.
+
+Two semantics cover the kinds: *items* (each new S3 object, each new Postgres row: see
+:mod:`~airflow_deferrable_kit.triggers.s3_events`, :mod:`~airflow_deferrable_kit.triggers.postgres_events`)
+and *edges* (:class:`EdgeEventTrigger`: one event each time a wait's condition becomes true,
+none while it stays true). Any :class:`~airflow_deferrable_kit.triggers.base.PollingTrigger`
+becomes an edge event trigger with ``wait.as_event_trigger()`` (:class:`ConditionEventTrigger`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import importlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Final
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+from airflow_deferrable_kit._asset_state import WatermarkStore, watermark_key
+from airflow_deferrable_kit._backoff import full_jitter
+from airflow_deferrable_kit._event_streams import (
+    Board,
+    Committer,
+    EventProducer,
+    Raw,
+    acquire_board,
+    judging_gate,
+    release_board,
+    standalone_stream,
+)
+from airflow_deferrable_kit._redact import redact, redact_value
+from airflow_deferrable_kit.errors import ConditionFailed, TransientError, WaitError, describe_exception
+from airflow_deferrable_kit.payload import Found, fit_payload, json_safe
+from airflow_deferrable_kit.triggers.base import PollingTrigger
+
+#: Parameters of a wait that an event trigger, which never ends, cannot take.
+WAIT_ONLY: Final = ("deadline", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push")
+#: Parameters that say how often or how hard to look, never what is watched: left out of the
+#: watermark's key, so changing them keeps the watermark.
+HOW_TO_LOOK: Final = ("poll_interval", "max_backoff", "backfill")
+#: After a wake-up (a notification, a new subscriber), the next poll still waits this long
+#: after the previous one started, so a storm of wake-ups cannot become a storm of polls.
+MIN_WAKE_GAP: Final = 0.25
+#: Retry backoff of a watermark read that failed.
+LOAD_RETRY_BASE, LOAD_RETRY_CAP = 0.5, 30.0
+#: The key a list travels under in the kwargs of an event trigger (see :func:`portable_kwargs`).
+LIST_KEY: Final = "__adk_list__"
+
+
+def portable_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Kwargs Airflow can register as an ``AssetWatcher``: each top-level list holding a dict wrapped.
+
+    Airflow 3.3.2 identifies a watcher's trigger by a hash of its kwargs, computed once from the
+    DAG and once from the ``trigger`` row it stored. A top-level list of objects (conditions such
+    as ``success=[{"path": "state", "equals": "ready"}]``) comes back from the row still wrapped
+    in Airflow's serialization envelopes, so the two hashes differ and the watcher is silently
+    never attached to its asset (and a new row is written at every parse). The same values
+    inside an object round-trip intact, so such lists travel as ``{"__adk_list__": [...]}``
+    and are unwrapped when the trigger is built (:func:`unwrap_lists`).
+    """
+    return {
+        name: {LIST_KEY: value} if isinstance(value, list) and _holds_object(value) else value
+        for name, value in kwargs.items()
+    }
+
+
+def _holds_object(value: Any) -> bool:
+    if isinstance(value, dict):
+        return True
+    return isinstance(value, list) and any(_holds_object(item) for item in value)
+
+
+def unwrap_lists(trigger: Any) -> None:
+    """Undo :func:`portable_kwargs` on a trigger just built from its kwargs."""
+    for field in dataclasses.fields(trigger):
+        value = getattr(trigger, field.name)
+        if isinstance(value, dict) and set(value) == {LIST_KEY} and isinstance(value[LIST_KEY], list):
+            setattr(trigger, field.name, value[LIST_KEY])
+
+
+def event_payload(data: Mapping[str, Any]) -> dict[str, Any]:
+    """An event's payload: JSON-safe, secrets masked, cut to fit like every payload of the kit."""
+    return fit_payload(redact_value(json_safe(dict(data))))
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+class EventTrigger(PollingTrigger, BaseEventTrigger):
+    """The base of every event trigger: shared polls, watermarks behind storage, no stop.
+
+    :param backfill: whether what is already there when the watcher first runs counts as new
+        (S3 objects, Postgres rows, a condition already true). ``False`` (the default) takes it
+        as the starting point: only what appears afterwards fires.
+
+    A subclass (usually also a subclass of the wait it watches) implements :meth:`poll` (one
+    look at the upstream, run once per group), :meth:`derive` (the events of one look and the
+    next watermark, for one trigger) and, if the default "every parameter" is too wide,
+    :meth:`stream_identity` (what the shared look depends on).
+    """
+
+    backfill: bool = False
+
+    #: Parameters of the subclass that say how to look, not what: not part of the watermark key.
+    tuning_parameters: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        self.asset_state_store: Any = None  # injected by the triggerer before the trigger runs
+        unwrap_lists(self)
+        for name in WAIT_ONLY:
+            field = next(f for f in dataclasses.fields(self) if f.name == name)
+            if getattr(self, name) != field.default:
+                raise ValueError(
+                    f"{type(self).__name__} takes no {name}: an event trigger watches for ever and fires "
+                    "an asset event each time, so there is no deadline and no task to end"
+                )
+        if not isinstance(self.backfill, bool):
+            raise ValueError(f"backfill must be True or False, got {self.backfill!r}")
+        super().__post_init__()
+
+    @classmethod
+    def parameter_names(cls) -> tuple[str, ...]:
+        return tuple(name for name in super().parameter_names() if name not in WAIT_ONLY)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, portable_kwargs(kwargs)
+
+    def as_event_trigger(self, **options: Any) -> EventTrigger:
+        """Already one: returned as it is (with ``options``, a copy with them changed)."""
+        return dataclasses.replace(self, **options) if options else self
+
+    # ----------------------------------------------------------------- the subclass contract
+    def stream_identity(self) -> Any:
+        """JSON naming what :meth:`poll` reads: triggers with equal identities share one poll.
+
+        The default is every parameter except ``backfill``; a subclass narrows it to what the
+        shared look depends on (an S3 prefix, a query), leaving out what each trigger judges
+        on its own (a pattern, the conditions).
+        """
+        kwargs = self.serialize()[1]
+        return {name: value for name, value in kwargs.items() if name not in ("backfill", "poll_interval")}
+
+    async def poll(self, board: Board) -> Any:
+        """One look at the upstream (runs on one trigger of the group, for all of them)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement poll()")
+
+    async def derive(self, data: Any, state: Any) -> tuple[list[dict[str, Any]], Any]:
+        """This trigger's events in one look, and its next watermark (``state`` ``None``: the first look).
+
+        Must not raise for data it cannot judge yet: return no events and the same state. An
+        exception is logged and the look is ignored (the next one is judged again).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement derive()")
+
+    def judging_units(self, data: Any) -> int:
+        """How big judging one look is for :meth:`derive` (rows, listed keys); default 1."""
+        return 1
+
+    def needs_catch_up(self, data: Any) -> bool:
+        """Whether to look again at once (a page was full) instead of after ``poll_interval``."""
+        return False
+
+    def follow(self, board: Board, state: Any) -> None:
+        """Tell the group's producer what this trigger needs (a Postgres cursor); default nothing."""
+
+    def unfollow(self, board: Board) -> None:
+        board.drop(self)
+
+    def wake_events(self) -> list[asyncio.Event]:
+        """Events that cut the producer's sleep short (a Postgres notification); default none."""
+        return []
+
+    # ------------------------------------------------------------------ shared streams
+    def watermark_key(self) -> str:
+        """The state-store key of this trigger's watermark (what is watched, not how often)."""
+        skip = set(HOW_TO_LOOK) | set(self.tuning_parameters)
+        identity = {name: value for name, value in self.serialize()[1].items() if name not in skip}
+        return watermark_key(type(self).__name__, identity)
+
+    def shared_stream_key(self) -> Hashable | None:
+        identity = json.dumps(self.stream_identity(), sort_keys=True, separators=(",", ":"))
+        return ("airflow_deferrable_kit", self.serialize()[0], identity, float(self.poll_interval))
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> EventProducer:
+        return EventProducer(cls(**kwargs))
+
+    async def poll_forever(self, board: Board) -> AsyncIterator[Any]:
+        """Poll, yield, sleep, for ever: errors back off and are logged, never raised."""
+        self.log.info("Watching %s (every %ss)", self.describe(), self.poll_interval)
+        failures = 0
+        while True:
+            started = asyncio.get_running_loop().time()
+            await self.clock.sleep(0)  # a turn: groups started together poll a few per loop turn
+            try:
+                data = await self.poll(board)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                await self._sleep(board, self._failure_delay(failures, self.classify_error(exc)), started)
+                continue
+            if failures:
+                self.log.info("%s: recovered after %d failed poll(s)", self.describe(), failures)
+            failures = 0
+            board.moved.clear()
+            yield data
+            # A full page: look again as soon as the triggers have moved past it (not before, or
+            # the same page comes back; not at all while one of them is stuck on it).
+            extra = [board.moved] if self.needs_catch_up(data) else []
+            await self._sleep(board, float(self.poll_interval), started, extra=extra)
+
+    def _failure_delay(self, failures: int, error: WaitError) -> float:
+        if isinstance(error, TransientError):
+            delay = self.backoff_delay(failures, error.retry_after)
+            self.log.warning(
+                "%s: transient error %d (%s): %s; retrying in %.1fs",
+                self.describe(), failures, error.error_type, redact(error.message), delay,
+            )  # fmt: skip
+            return delay
+        delay = max(self.backoff_delay(failures), float(self.max_backoff) / 2)
+        self.log.error(
+            "%s: %s (%s); nothing fires until this is fixed, retrying in %.1fs",
+            self.describe(), redact(error.message), error.error_type, delay,
+        )  # fmt: skip
+        return delay
+
+    async def _sleep(self, board: Board, delay: float, started: float, extra: Sequence[asyncio.Event] = ()) -> None:
+        """Sleep ``delay``, unless the board or a wake event asks for a poll sooner."""
+        wakers = [board.poke, *self.wake_events(), *extra]
+        if not any(event.is_set() for event in wakers):
+            sleeper = asyncio.ensure_future(self.clock.sleep(delay))
+            waiters = [asyncio.ensure_future(event.wait()) for event in wakers]
+            try:
+                await asyncio.wait({sleeper, *waiters}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (sleeper, *waiters):
+                    task.cancel()
+                await asyncio.gather(sleeper, *waiters, return_exceptions=True)
+        if any(event.is_set() for event in wakers):
+            gap = started + MIN_WAKE_GAP - asyncio.get_running_loop().time()
+            if gap > 0:
+                await self.clock.sleep(gap)
+            for event in wakers:
+                event.clear()
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncGenerator[TriggerEvent, None]:
+        """This trigger's events from the group's looks, its watermark saved behind storage."""
+        store = WatermarkStore(self.asset_state_store, self.watermark_key())
+        if not store.durable:
+            self.log.warning(
+                "%s has no asset state store (not run as an AssetWatcher on Airflow 3.3+): its watermark "
+                "is kept in memory only, so a restart starts afresh",
+                self.describe(),
+            )
+        state = await self._load(store)
+        board = acquire_board(self.shared_stream_key())
+        committer = Committer(store, board, describe=self.describe())
+        try:
+            self.follow(board, state)
+            gate = judging_gate()
+            async for raw in shared_stream:
+                # The watchers of one look judge it a few per loop iteration (JudgingGate), so
+                # a thousand of them never hold the loop for the sum of their work.
+                units = self.judging_units(raw.data)
+                started = await gate.enter(units)
+                try:
+                    derived = await self._derive(raw, state)
+                finally:
+                    gate.leave(units, started)
+                if derived is None:
+                    continue
+                payloads, new_state = derived
+                for payload in payloads:
+                    yield TriggerEvent(payload)
+                if new_state != state:
+                    state = new_state
+                    committer.stage(raw.seq, state)
+                    self.follow(board, state)
+        finally:
+            await committer.close()
+            self.unfollow(board)
+            release_board(board)
+
+    async def _derive(self, raw: Raw, state: Any) -> tuple[list[dict[str, Any]], Any] | None:
+        try:
+            return await self.derive(raw.data, state)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.log.error(
+                "%s: could not judge a poll, judged again at the next one: %s",
+                self.describe(),
+                redact(describe_exception(exc)),
+            )
+            return None
+
+    async def _load(self, store: WatermarkStore) -> Any:
+        failures = 0
+        while True:
+            try:
+                state = await store.load()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                delay = full_jitter(failures, base=LOAD_RETRY_BASE, cap=LOAD_RETRY_CAP)
+                self.log.warning(
+                    "%s: could not read the watermark (%s); nothing fires until it is read, retrying in %.1fs",
+                    self.describe(), redact(describe_exception(exc)), delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                continue
+            self.log.info(
+                "%s: %s", self.describe(), "starting from its saved watermark" if state is not None else "first run"
+            )
+            return state
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Alone (no shared stream): poll and filter in this task; the watermark follows the consumer.
+
+        The triggerer of Airflow 3.3 uses :meth:`filter_shared_stream` instead; this path is for
+        tests, ``dag.test()`` and Airflows without shared streams.
+        """
+        source = type(self)(**self.serialize()[1])
+        stream = standalone_stream(source)
+        async with contextlib.aclosing(stream), contextlib.aclosing(self.filter_shared_stream(stream)) as events:
+            async for event in events:
+                yield event
+
+
+# ------------------------------------------------------------------------------ edges
+@dataclasses.dataclass(frozen=True)
+class _NotReady:
+    """What a look says when a failure condition matched: definitely not ready."""
+
+    reason: str
+
+
+class EdgeEventTrigger(EventTrigger):
+    """Fires once each time the wait's condition becomes true; never while it stays true.
+
+    The watermark is the last state seen, ``{"ready": bool, "since": time}``. A look that
+    cannot be judged (an error status, an unreadable body) leaves it as it was, so an endpoint
+    that flaps between "ready" and 503 fires once, not once per recovery. With ``backfill``, a
+    condition already true at the first look fires; without it, it is the starting point.
+
+    A subclass may split the wait's ``check()`` into :meth:`observe` (the shared look) and
+    :meth:`judge` (this trigger's verdict on it); by default the look is ``check()`` itself.
+    """
+
+    async def poll(self, board: Board) -> Any:
+        return await self.observe()
+
+    async def observe(self) -> Any:
+        """The shared look; by default the wait's whole ``check()``."""
+        try:
+            return await self.check()
+        except ConditionFailed as exc:
+            return _NotReady(exc.message)
+
+    async def judge(self, observed: Any) -> Found | None:
+        """This trigger's verdict on the look: ``Found`` (ready), ``None`` (not), or raise."""
+        if isinstance(observed, _NotReady):
+            raise ConditionFailed(observed.reason)
+        return observed if isinstance(observed, Found) else None
+
+    async def derive(self, data: Any, state: Any) -> tuple[list[dict[str, Any]], Any]:
+        try:
+            found = await self.judge(data)
+        except ConditionFailed:
+            found = None
+        except WaitError as error:  # cannot tell: the state stays as it was
+            if not getattr(self, "_unjudged", False):
+                self.log.warning("%s: cannot tell whether ready (%s)", self.describe(), redact(error.message))
+            self._unjudged = True
+            return [], state
+        if getattr(self, "_unjudged", False):
+            self.log.info("%s: can tell again", self.describe())
+        self._unjudged = False
+        ready = found is not None
+        was_ready = None if state is None else bool(state.get("ready"))
+        if was_ready is ready:
+            return [], state
+        now = utc_now()
+        new_state = {"ready": ready, "since": now}
+        if found is None or (was_ready is None and not self.backfill):
+            return [], new_state
+        return [event_payload({**found.data, "became_ready_at": now, "event_id": f"ready@{now}"})], new_state
+
+
+class ConditionEventTrigger(EdgeEventTrigger):
+    """Any wait as an event trigger: one event each time its condition becomes true.
+
+    Built by ``wait.as_event_trigger()`` rather than by hand. The wait is rebuilt in the
+    triggerer from its classpath and parameters (so its module must be importable there, as
+    for any trigger), and its ``check()``, error classification and clients are used unchanged.
+
+    :param wait_classpath: the wait's classpath, ``"package.module.MyTrigger"``.
+    :param wait_params: the wait's own parameters (JSON), without the polling ones.
+    """
+
+    wait_classpath: str
+    wait_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self) -> None:
+        self._wait = build_wait(self.wait_classpath, self.wait_params)
+
+    @classmethod
+    def of(cls, wait: PollingTrigger, **options: Any) -> ConditionEventTrigger:
+        """The event form of ``wait``: its parameters, its ``poll_interval`` and ``max_backoff``."""
+        classpath, kwargs = wait.serialize()
+        for name in WAIT_ONLY:
+            if name in kwargs and kwargs[name] != _default_of(name):
+                raise ValueError(
+                    f"{type(wait).__name__}(..., {name}=...) cannot become an event trigger: an event trigger "
+                    f"watches for ever and fires an asset event each time; build the wait without {name}"
+                )
+        base = {f.name for f in dataclasses.fields(PollingTrigger)}
+        params = {name: value for name, value in kwargs.items() if name not in base}
+        options.setdefault("poll_interval", kwargs["poll_interval"])
+        options.setdefault("max_backoff", kwargs["max_backoff"])
+        return cls(wait_classpath=classpath, wait_params=params, **options)
+
+    def describe(self) -> str:
+        return f"{self._wait.describe()}, as events"
+
+    async def check(self) -> Found | None:
+        return await self._wait.check()
+
+    def classify_error(self, exc: Exception) -> WaitError:
+        return self._wait.classify_error(exc)
+
+    async def release(self) -> None:
+        await self._wait.release()
+        await super().release()
+
+
+def _default_of(name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(PollingTrigger) if f.name == name)
+
+
+def build_wait(classpath: str, params: Any) -> PollingTrigger:
+    """Import ``classpath`` and build the wait from ``params``, with errors naming the argument."""
+    if not isinstance(classpath, str) or "." not in classpath:
+        raise ValueError(
+            f"wait_classpath must be a trigger classpath such as 'package.module.MyTrigger', got {classpath!r}"
+        )
+    if not isinstance(params, dict):
+        raise ValueError(f"wait_params must be an object of the wait's parameters, got {type(params).__name__}")
+    module_name, _, name = classpath.rpartition(".")
+    try:
+        wait_class = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"wait_classpath {classpath!r} cannot be imported: {exc}") from exc
+    if not (isinstance(wait_class, type) and issubclass(wait_class, PollingTrigger)):
+        raise ValueError(f"wait_classpath {classpath!r} is not a PollingTrigger subclass")
+    if issubclass(wait_class, EventTrigger):
+        raise ValueError(f"wait_classpath {classpath!r} is an event trigger already")
+    clashes = sorted(set(params) & {f.name for f in dataclasses.fields(PollingTrigger)})
+    if clashes:
+        raise ValueError(
+            f"wait_params may not hold {', '.join(clashes)}: poll_interval and max_backoff are the event "
+            "trigger's own parameters, and a watcher has no deadline or task to end"
+        )
+    try:
+        wait: PollingTrigger = wait_class(**params)
+    except TypeError as exc:  # a missing or unknown parameter
+        raise ValueError(f"wait_params do not fit {classpath}: {exc}") from exc
+    return wait
+
+
+__all__ = [
+    "ConditionEventTrigger",
+    "EdgeEventTrigger",
+    "EventTrigger",
+    "event_payload",
+]
