@@ -5,7 +5,7 @@
 # file, as a user's pip would), imports every sensor and trigger module from the installed wheel,
 # and runs the fast unit tests on that venv.
 #
-#   scripts/check-airflow-floor.sh                   # the floor, tests/core
+#   scripts/check-airflow-floor.sh                   # the floor, tests/core (event triggers aside)
 #   scripts/check-airflow-floor.sh tests/core tests/s3 -m "not e2e"   # other pytest arguments
 #   AIRFLOW_VERSION=3.2.2 scripts/check-airflow-floor.sh   # another version the package allows
 #   FLOOR_PYTHON=python3.10 scripts/check-airflow-floor.sh # the venv on another installed Python
@@ -19,7 +19,9 @@ UV="${UV:-.venv/bin/uv}"
 floor="$("$PYTHON" scripts/airflow_floor.py)"
 version="${AIRFLOW_VERSION:-$floor}"
 if [ "$#" -eq 0 ]; then
-  set -- tests/core
+  # Event triggers (AssetWatcher) need Airflow 3.3's shared streams and asset state store, so
+  # their tests are not part of the floor's set (docs/events.md says they need 3.3).
+  set -- tests/core --ignore=tests/core/test_events.py
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/adk-airflow-${version}-XXXXXX")"
