@@ -109,6 +109,9 @@ class _Sender:
             return
         if self._state != _ON:
             with self._lock:
+                if self._state == _COLD and not _metrics_configured():
+                    self._state = _OFF  # the common case: decided at once, no thread competing with the loop
+                    return
                 if self._state == _COLD:
                     self._state = _WARMING
                     self._thread = threading.Thread(target=self._warm_up, name="deferrable-kit-metrics", daemon=True)
@@ -140,6 +143,22 @@ class _Sender:
         """Block until the backend is built and what was kept is sent (off the loop only)."""
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def _metrics_configured() -> bool:
+    """Whether Airflow is set up to send metrics at all (``[metrics] statsd_on`` / ``otel_on``).
+
+    A cheap read of the loaded configuration, so a process without metrics never starts the
+    warm-up thread (whose pure-Python work would compete with the event loop for the GIL).
+    """
+    try:
+        from airflow.configuration import conf
+    except ImportError:  # pragma: no cover - the task SDK alone
+        return True
+    try:
+        return any(conf.getboolean("metrics", name, fallback=False) for name in ("statsd_on", "otel_on"))
+    except Exception:
+        return True
 
 
 def _emit(stats: Any, method: str, stat: str, value: Any, tags: dict[str, str]) -> None:
