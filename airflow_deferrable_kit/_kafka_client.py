@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_deferrable_kit._kafka_gate import ConnectGate, ConnectGates
+from airflow_deferrable_kit._tls import read_refusal
 from airflow_deferrable_kit.errors import ErrorType, describe_exception
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
 
@@ -100,6 +101,26 @@ def _is_network(exc: BaseException) -> bool:
     return isinstance(error, TransientError) or isinstance(exc, (OSError, asyncio.TimeoutError))
 
 
+def _named(error: WaitError, conn_id: str | None) -> WaitError:
+    """``error`` with the connection it concerns named first (once)."""
+    prefix = f"kafka_conn_id={conn_id!r}: "
+    if conn_id is None or error.message.startswith(prefix):
+        return error
+    return type(error)(prefix + error.message, error_type=error.error_type, details=error.details)
+
+
+async def _tls_refusal(options: Mapping[str, Any]) -> str | None:
+    """The first bootstrap server's TLS alert for our handshake, if it refused our certificate.
+
+    Private: ``aiokafka.conn.get_ip_port_afi`` (aiokafka 0.14.0), aiokafka's own parser of a
+    bootstrap address, so the probe asks the server aiokafka asked.
+    """
+    from aiokafka.conn import get_ip_port_afi
+
+    host, port, _ = get_ip_port_afi(options["bootstrap_servers"][0])
+    return await read_refusal(host, port, options["ssl_context"])
+
+
 class BootstrapFailed(Exception):
     """No bootstrap server answered: what each one that was tried raised, and how long the ones
     still in backoff wait before their next attempt."""
@@ -110,30 +131,49 @@ class BootstrapFailed(Exception):
         self.waits = waits
 
 
-async def bootstrap_error(options: Mapping[str, Any], failed: BootstrapFailed) -> WaitError:
+async def bootstrap_error(
+    options: Mapping[str, Any], failed: BootstrapFailed, *, conn_id: str | None = None
+) -> WaitError:
     """What a failed bootstrap means: bad credentials or TLS (fatal) or a broker that is down.
 
     A SASL handshake that breaks off with a closed connection is ambiguous: some brokers close
     the connection on bad credentials instead of answering an authentication error. A
     connection without SASL to the same broker tells: if it is accepted and answered, the broker
-    is up and refused this client's authentication.
+    is up and refused this client's authentication. A TLS connection closed the same way is
+    asked again by one handshake of our own, which reads the broker's alert if it refused our
+    client certificate (:func:`~airflow_deferrable_kit._tls.read_refusal`). Fatal errors name
+    ``conn_id``.
     """
     for exc in failed.failures:
         error = classify_kafka_error(exc)
         if isinstance(error, FatalError):
-            return error
+            return _named(error, conn_id)
     servers = ",".join(options["bootstrap_servers"])
+    closed = [exc for exc in failed.failures if type(exc).__name__ == "KafkaConnectionError"]
+    if closed and options.get("ssl_context") is not None:
+        alert = await _tls_refusal(options)
+        if alert is not None:
+            return _named(
+                FatalError(
+                    f"TLS failed: {servers} rejected this client's certificate ({alert}): check "
+                    "ssl.certificate.location / ssl.key.location and the CA the brokers trust",
+                    error_type=ErrorType.TLS,
+                ),
+                conn_id,
+            )
     if _uses_sasl(options):
         for exc in failed.failures:
             if not _is_network(exc):
-                return _sasl_broke_off(exc)
-        closed = [exc for exc in failed.failures if type(exc).__name__ == "KafkaConnectionError"]
+                return _named(_sasl_broke_off(exc), conn_id)
         if closed and await _answers_without_sasl(options):
-            return FatalError(
-                f"authentication failed: {servers} accepts connections but closed this one during SASL "
-                f"{options.get('sasl_mechanism', 'PLAIN')} authentication of user "
-                f"{options.get('sasl_plain_username')!r}: check the credentials and sasl.mechanism",
-                error_type=ErrorType.AUTHENTICATION,
+            return _named(
+                FatalError(
+                    f"authentication failed: {servers} accepts connections but closed this one during SASL "
+                    f"{options.get('sasl_mechanism', 'PLAIN')} authentication of user "
+                    f"{options.get('sasl_plain_username')!r}: check the credentials and sasl.mechanism",
+                    error_type=ErrorType.AUTHENTICATION,
+                ),
+                conn_id,
             )
     if failed.failures:
         return TransientError(
@@ -206,7 +246,7 @@ async def start_consumer(
     except BaseException as exc:
         await consumer.stop()
         if isinstance(exc, BootstrapFailed):
-            raise await bootstrap_error(options, exc) from exc
+            raise await bootstrap_error(options, exc, conn_id=gates.conn_id if gates else None) from exc
         if isinstance(exc, Exception) and classify_kafka_error(exc) is None and _uses_sasl(options):
             raise _sasl_broke_off(exc) from exc
         raise
@@ -230,7 +270,7 @@ async def start_admin(
     except BaseException as exc:
         await admin.close()
         if isinstance(exc, BootstrapFailed):
-            raise await bootstrap_error(options, exc) from exc
+            raise await bootstrap_error(options, exc, conn_id=gates.conn_id if gates else None) from exc
         raise
     finally:
         _QUIET.reset(token)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import shlex
@@ -30,6 +31,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_deferrable_kit._tls import read_refusal
 from airflow_deferrable_kit.connections import get_connection, get_extra
 from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
@@ -58,6 +60,8 @@ class ConnectOptions:
     kwargs: dict[str, Any]
     pool_max_size: int
     where: str
+    #: The client certificate, key and key password the connection presents, if any.
+    client_certificate: tuple[str, str | None, str | None] | None = None
 
     def __repr__(self) -> str:
         return f"ConnectOptions({self.where}, pool_max_size={self.pool_max_size})"
@@ -154,7 +158,10 @@ def options_from_connection(conn_id: str, conn: Connection, extra: dict[str, Any
         kwargs["statement_cache_size"] = int(cache)
     pool_max_size = _positive_int(conn_id, extra, "pool_max_size", DEFAULT_POOL_MAX_SIZE, upper=MAX_POOL_MAX_SIZE)
     where = f"{conn.host or 'localhost'}:{conn.port or 5432}/{database or conn.login or ''}"
-    return ConnectOptions(kwargs=kwargs, pool_max_size=pool_max_size, where=where)
+    certificate = None
+    if files.get("sslcert"):
+        certificate = (files["sslcert"], files.get("sslkey"), str(extra.get("sslpassword") or "") or None)
+    return ConnectOptions(kwargs=kwargs, pool_max_size=pool_max_size, where=where, client_certificate=certificate)
 
 
 async def connect_options(conn_id: str) -> ConnectOptions:
@@ -169,6 +176,62 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def connect(conn_id: str, options: ConnectOptions, *args: Any, **kwargs: Any) -> asyncpg.Connection:
+    """Open one server connection; a server that refuses who we are is named with the connection.
+
+    Every connection of the Postgres waits (pooled or listening) opens here. A refusal no retry
+    can change (wrong password, certificate, role, database, TLS) becomes one fatal error that
+    names ``postgres_conn_id`` and the server; anything else is raised as asyncpg raised it, for
+    :func:`classify_postgres_error`.
+    """
+    import asyncpg
+
+    try:
+        # The pool passes its own arguments (our options among them); the listener passes none.
+        return await asyncpg.connect(*args, **(kwargs if args or kwargs else options.kwargs))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        refusal = classify_postgres_error(exc)
+        if not isinstance(refusal, FatalError):
+            dropped = isinstance(exc, asyncpg.ConnectionDoesNotExistError)
+            refusal = await _certificate_refusal(options) if dropped and options.client_certificate else None
+            if refusal is None:
+                raise
+        raise FatalError(
+            f"postgres_conn_id={conn_id!r} ({options.where}): {refusal.message}",
+            error_type=refusal.error_type,
+            details=refusal.details,
+        ) from exc
+
+
+async def _certificate_refusal(options: ConnectOptions) -> FatalError | None:
+    """The server's refusal of our client certificate, when a connection presenting one was
+    dropped in the middle of its start-up (see :func:`~airflow_deferrable_kit._tls.read_refusal`)."""
+    assert options.client_certificate is not None
+    certfile, keyfile, password = options.client_certificate
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the server's identity is asyncpg's to check, not the probe's
+    try:
+        await asyncio.to_thread(context.load_cert_chain, certfile, keyfile, password)
+    except (OSError, ssl.SSLError):
+        return None
+    host, port = str(options.kwargs.get("host") or "localhost"), int(options.kwargs.get("port") or 5432)
+    alert = await read_refusal(host, port, context, preamble=_SSL_REQUEST, expect=b"S")
+    if alert is None:
+        return None
+    return FatalError(
+        f"the server rejected the TLS client certificate (sslcert={certfile!r}): {alert}",
+        error_type=ErrorType.TLS,
+        details={"condition": "client_certificate_rejected"},
+    )
+
+
+#: PostgreSQL's SSLRequest (length 8, code 80877103), answered ``S`` by a server that speaks TLS.
+_SSL_REQUEST = b"\x00\x00\x00\x08\x04\xd2\x16\x2f"
+
+
 async def open_pool(conn_id: str) -> asyncpg.Pool:
     """The bounded pool for ``conn_id``. Opens no connection until the first query asks for one."""
     await asyncio.to_thread(__import__, "asyncpg")  # the first import takes ~0.1 s: not on the loop
@@ -177,6 +240,7 @@ async def open_pool(conn_id: str) -> asyncpg.Pool:
     options = await connect_options(conn_id)
     log.info("Opening a Postgres pool for %s (%s, at most %d connections)", conn_id, options, options.pool_max_size)
     pool: asyncpg.Pool = await asyncpg.create_pool(
+        connect=functools.partial(connect, conn_id, options),
         min_size=0,
         max_size=options.pool_max_size,
         init=_init_connection,

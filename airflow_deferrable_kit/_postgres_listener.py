@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._backoff import full_jitter
-from airflow_deferrable_kit._postgres_client import connect_options
+from airflow_deferrable_kit._postgres_client import connect, connect_options
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.errors import describe_exception
 
@@ -64,7 +64,6 @@ class ChannelListener:
         self.wake_all()
 
     async def _run(self) -> None:
-        import asyncpg
 
         failures = 0
         while True:
@@ -72,7 +71,7 @@ class ChannelListener:
             lost = asyncio.Event()
             try:
                 options = await connect_options(self.conn_id)
-                conn = await asyncpg.connect(**options.kwargs)
+                conn = await connect(self.conn_id, options)
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(self.channel, self._on_notify)
                 failures = 0

@@ -6,6 +6,13 @@ resolves from its connection that could be a credential is registered here when 
 in every form it may travel in (plain, base64, HTTP basic auth, URL-quoted), and
 :func:`redact` replaces each with ``***``. Registered values are also handed to Airflow's own
 secrets masker, so Airflow's log pipeline hides them in lines the kit did not write.
+
+Some client libraries log credentials themselves at DEBUG: botocore writes the canonical request
+it signs (session token included) and the headers it sends. :func:`guard_loggers` puts a
+:class:`RedactingFilter` on such loggers, so turning them on to debug a wait shows ``***``
+wherever a registered secret would be, with or without Airflow's log pipeline. A logger's
+filters run only for records it actually emits, so a guarded logger costs nothing while its
+level keeps DEBUG off.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -121,6 +129,29 @@ def redact_value(value: Any) -> Any:
     return value
 
 
+class RedactingFilter(logging.Filter):
+    """Rewrites a record whose text holds a registered secret into the redacted text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _secrets:
+            text = record.getMessage()
+            masked = redact(text)
+            if masked != text:
+                record.msg, record.args = masked, None
+        return True
+
+
+_FILTER = RedactingFilter()
+
+
+def guard_loggers(names: Iterable[str]) -> None:
+    """Redact registered secrets from what the loggers ``names`` write (idempotent)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
 def _walk(mapping: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
     for key, value in mapping.items():
         name = f"{prefix}.{key}" if prefix else str(key)
@@ -162,6 +193,8 @@ def _add_to_airflow(forms: tuple[str, ...]) -> None:
 
 __all__ = [
     "MASK",
+    "RedactingFilter",
+    "guard_loggers",
     "is_sensitive_key",
     "redact",
     "redact_value",

@@ -33,6 +33,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
 
+from airflow_deferrable_kit._redact import guard_loggers
 from airflow_deferrable_kit.connections import get_connection, get_extra
 from airflow_deferrable_kit.errors import ErrorType
 from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
@@ -276,8 +277,21 @@ def _builder_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _builder
 
 
+#: botocore's loggers that write credentials at DEBUG: the canonical request and string to sign
+#: (``auth``, session token included), the request sent with its headers (``endpoint``), the
+#: response a server may echo them in (``parsers``) (botocore 1.43.117, aiobotocore 3.10.0).
+CREDENTIAL_LOGGERS: Final = (
+    "botocore.auth",
+    "botocore.endpoint",
+    "botocore.parsers",
+    "aiobotocore.endpoint",
+    "aiobotocore.parsers",
+)
+
+
 async def create_client(settings: S3Settings) -> Any:
     """An open aiobotocore S3 client, built in a worker thread so the event loop never waits."""
+    guard_loggers(CREDENTIAL_LOGGERS)
     client = await asyncio.get_running_loop().run_in_executor(_builder_executor(), _build_client, settings)
     return await client.__aenter__()
 

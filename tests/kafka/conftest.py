@@ -28,6 +28,7 @@ from airflow_deferrable_kit.testing import run_trigger
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 from scripts import services
 from tests.kafka.proxy import OutageProxy
+from tests.kafka.tls_terminator import TlsTerminator
 
 _names = itertools.count()
 
@@ -350,11 +351,12 @@ def crowded_broker() -> Iterator[PrivateBroker]:
 
 @dataclass
 class ProxiedBroker:
-    """A broker reachable only through an :class:`~tests.kafka.proxy.OutageProxy` (it advertises
-    the proxy's address, so clients never bypass it)."""
+    """A broker reachable only through an :class:`~tests.kafka.proxy.OutageProxy` or a
+    :class:`~tests.kafka.tls_terminator.TlsTerminator` (it advertises the proxy's address, so
+    clients never bypass it)."""
 
     process: subprocess.Popen[bytes]
-    proxy: OutageProxy
+    proxy: OutageProxy | TlsTerminator
 
     @property
     def bootstrap_servers(self) -> str:
@@ -363,8 +365,13 @@ class ProxiedBroker:
 
 @pytest.fixture
 def proxied_broker() -> Iterator[ProxiedBroker]:
-    port = services.free_port()
-    proxy = OutageProxy(port).start()
+    yield from proxied(OutageProxy(services.free_port()))
+
+
+def proxied(proxy: OutageProxy | TlsTerminator) -> Iterator[ProxiedBroker]:
+    """A private broker behind ``proxy`` (not started yet), advertising the proxy's address."""
+    port = proxy.target_port
+    proxy.start()
     process = subprocess.Popen(
         [
             str(services.tansu_binary()),
