@@ -207,6 +207,56 @@ class KafkaMessage:
         }
 
 
+class ConfluentStyleMessage:
+    """A message as confluent-kafka's ``Message`` shows it, for an official ``apply_function``.
+
+    The official Kafka sensors call ``apply_function(message)`` with a confluent ``Message``:
+    methods, not attributes, and the key and value as the raw bytes (``json.loads(message.value())``).
+    This gives the same methods over the record the shared reader fetched, so such a function
+    runs here unchanged. ``error()`` is always ``None``: a broker error never reaches a predicate.
+    """
+
+    #: confluent-kafka's ``TIMESTAMP_NOT_AVAILABLE`` and ``TIMESTAMP_CREATE_TIME``.
+    TIMESTAMP_NOT_AVAILABLE: Final = 0
+    TIMESTAMP_CREATE_TIME: Final = 1
+
+    __slots__ = ("_message",)
+
+    def __init__(self, message: KafkaMessage) -> None:
+        self._message = message
+
+    def topic(self) -> str:
+        return self._message.topic
+
+    def partition(self) -> int:
+        return self._message.partition
+
+    def offset(self) -> int:
+        return self._message.offset
+
+    def key(self) -> bytes | None:
+        return self._message.key
+
+    def value(self) -> bytes | None:
+        return self._message.raw_value
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return list(self._message.headers) or None
+
+    def timestamp(self) -> tuple[int, int]:
+        stamp = self._message.timestamp
+        return (self.TIMESTAMP_CREATE_TIME, stamp) if stamp >= 0 else (self.TIMESTAMP_NOT_AVAILABLE, -1)
+
+    def error(self) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return self._message.size
+
+    def __repr__(self) -> str:
+        return f"<Message {self.topic()}[{self.partition()}]@{self.offset()}>"
+
+
 _cap = cap_text  # the one capper, in bytes of JSON
 
 

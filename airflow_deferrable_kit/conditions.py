@@ -362,22 +362,32 @@ def predicate_state(result: Any) -> str:
         raise TypeError(f"returned {type(result).__name__}, whose truth value is ambiguous: {exc}") from exc
 
 
-async def call_predicate(path: str, subject: Any, *, argument: str = "predicate") -> tuple[str, Any]:
+async def call_predicate(
+    path: str,
+    subject: Any,
+    *,
+    argument: str = "predicate",
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+) -> tuple[str, Any]:
     """Run the predicate on ``subject`` without blocking the loop; return ``(state, returned)``.
 
     A sync predicate runs in a worker thread (at most four at once per loop), never on the loop.
     A predicate that cannot be imported, raises, or returns something with no truth value ends
-    the wait: a :class:`FatalError` of type ``predicate_error`` naming it.
+    the wait: a :class:`FatalError` of type ``predicate_error`` naming it. ``args`` and
+    ``kwargs`` are bound as ``functools.partial`` binds them: ``f(*args, subject, **kwargs)``,
+    the call the official Kafka sensors make with ``apply_function_args`` / ``_kwargs``.
     """
+    extra = dict(kwargs or {})
     try:
         function = _predicates.get(path)
         if function is None:
             function = await asyncio.to_thread(import_predicate, path, argument=argument)
         if inspect.iscoroutinefunction(function):
-            result = await function(subject)
+            result = await function(*args, subject, **extra)
         else:
             async with _sync_slots.get():
-                result = await asyncio.to_thread(function, subject)
+                result = await asyncio.to_thread(function, *args, subject, **extra)
         return predicate_state(result), result
     except asyncio.CancelledError:
         raise
@@ -490,10 +500,18 @@ class ConditionSet:
             return "retry", None, observed
         return ASK_PREDICATE, decision, observed
 
-    async def judge(self, subject: Any, candidate: Decision | None = None) -> Verdict:
-        """The predicate stage: run the predicate on ``subject`` and explain its answer."""
+    async def judge(
+        self,
+        subject: Any,
+        candidate: Decision | None = None,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Verdict:
+        """The predicate stage: run the predicate on ``subject`` (and any bound ``args`` /
+        ``kwargs``, see :func:`call_predicate`) and explain its answer."""
         assert self.predicate is not None
-        state, returned = await call_predicate(self.predicate, subject)
+        state, returned = await call_predicate(self.predicate, subject, args=args, kwargs=kwargs)
         decided_by: dict[str, Any] = {
             "state": state,
             "matcher": "predicate",

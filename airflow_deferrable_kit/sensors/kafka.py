@@ -11,14 +11,14 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow.sdk import Context
 
 from airflow_deferrable_kit._kafka_messages import canonical_acceptors
 from airflow_deferrable_kit._kafka_offsets import commit_offset, log_end_offsets
 from airflow_deferrable_kit.payload import SUCCESS
-from airflow_deferrable_kit.sensors.base import DeferrableSensor, is_unresolved
+from airflow_deferrable_kit.sensors.base import DeferrableSensor, OfficialRefusal, is_unresolved, unless_default
 from airflow_deferrable_kit.sensors.temporal import to_utc_iso
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 
@@ -51,6 +51,22 @@ def to_epoch_ms(value: Any, *, argument: str = "start_after") -> int | None:
     )
 
 
+def _refuse_topic_pattern(value: Any, arguments: Mapping[str, Any]) -> str | None:
+    """The official sensors pass ``topics`` to confluent's ``subscribe``, where ``^...`` is a regex."""
+    names = [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else []
+    patterns = [name for name in names if isinstance(name, str) and name.startswith("^")]
+    if not patterns:
+        return None
+    return f"{patterns[0]!r} is a topic pattern there; list the topic names here (topics=['orders', 'refunds'])"
+
+
+def _accept_poll_timeout(value: Any, arguments: Mapping[str, Any]) -> str | None:
+    """How long one confluent ``poll()`` blocks: no outcome depends on it, so any duration is a no-op."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return f"expected a duration in seconds (a number >= 0), got {value!r}"
+    return None
+
+
 class KafkaMessageSensor(DeferrableSensor):
     """Succeed on the first Kafka message that matches; its topic, partition, offset, key,
     headers and value become the XCom.
@@ -77,10 +93,46 @@ class KafkaMessageSensor(DeferrableSensor):
         task has resumed with the event (at-least-once). Not compatible with ``end_from_trigger``.
     :param value_format: ``"json"`` (default), ``"text"`` or ``"bytes"``.
     :param wait_for_topic: wait for a topic that does not exist yet instead of failing.
+    :param apply_function: the official sensors' form of ``predicate``: a dotted path whose
+        callable receives the message with confluent-kafka ``Message``'s methods
+        (``message.value()``, ``message.key()`` as bytes) and fires on a truthy answer.
+    :param apply_function_args: positional values it is called with before the message (templated).
+    :param apply_function_kwargs: keyword values it is called with (templated).
+    :param xcom_push_key: also push the payload under this XCom key, as the official sensor does.
+
+    The official ``AwaitMessageSensor``'s names are accepted too (``kafka_config_id``,
+    ``poll_interval``, ``poll_timeout``, ``commit_offset=False``); see docs/migration.md.
     """
 
     trigger_class = KafkaMessageTrigger
-    template_fields: Sequence[str] = ("topics", "kafka_conn_id", "acceptors", "predicate", "start_after_ms", "group_id")
+    template_fields: Sequence[str] = (
+        "topics",
+        "kafka_conn_id",
+        "acceptors",
+        "predicate",
+        "predicate_args",
+        "predicate_kwargs",
+        "start_after_ms",
+        "group_id",
+    )
+    official_sensor = "AwaitMessageSensor"
+    official_aliases = {"kafka_config_id": "kafka_conn_id", "poll_interval": "poke_interval"}
+    official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {
+        "topics": _refuse_topic_pattern,
+        "poll_timeout": _accept_poll_timeout,
+        "commit_offset": unless_default(
+            "this sensor reads without a consumer group and commits nothing; to commit the matched message "
+            "(only it, once the task has resumed with the event) pass group_id='...' and commit_on_match=True",
+            False,
+        ),
+        "event_triggered_function": (
+            "the official AwaitMessageTriggerFunctionSensor never ends: it calls the function in a worker on "
+            "each match and defers again. Here a wait ends on its match: use KafkaMessageSensor and a downstream "
+            "task to act once, or, to act on every matching message, schedule a DAG on an Asset whose "
+            "AssetWatcher watches the topic (Airflow's MessageQueueTrigger with a 'kafka://' queue) and run the "
+            "function there, one DAG run per message"
+        ),
+    }
     ui_color = "#e8e1f5"
 
     topics: str | list[str]
@@ -107,8 +159,32 @@ class KafkaMessageSensor(DeferrableSensor):
         commit_on_match: bool = False,
         value_format: str = "json",
         wait_for_topic: bool = False,
+        apply_function: str | None = None,
+        apply_function_args: Sequence[Any] | None = None,
+        apply_function_kwargs: Mapping[str, Any] | None = None,
+        xcom_push_key: str | None = None,
         **kwargs: Any,
     ) -> None:
+        predicate_receives = "dict"
+        if apply_function is not None:
+            if predicate is not None:
+                raise TypeError(
+                    "give predicate= (it receives a dict) or the official apply_function= (it receives a "
+                    "confluent-style Message), not both"
+                )
+            if not isinstance(apply_function, str):
+                raise TypeError(
+                    "apply_function must be a dotted path string ('my_dags.checks.is_ready'), as the official "
+                    f"sensor takes it: a {type(apply_function).__name__} cannot be stored for the triggerer"
+                )
+            predicate, predicate_receives = apply_function, "message"
+        if xcom_push_key is not None and (not isinstance(xcom_push_key, str) or not xcom_push_key):
+            raise TypeError(f"xcom_push_key must be a non-empty string or None, got {xcom_push_key!r}")
+        if xcom_push_key is not None and kwargs.get("end_from_trigger"):
+            raise ValueError(
+                "xcom_push_key needs the task to resume in a worker, which pushes it; end_from_trigger=True "
+                "ends the task in the triggerer with the payload as the return value XCom only. Use one or the other."
+            )
         super().__init__(
             # Anything but a name or a list of names (None, 7, a dict) goes on as given, for the
             # trigger's validation to refuse naming the argument.
@@ -116,6 +192,11 @@ class KafkaMessageSensor(DeferrableSensor):
             kafka_conn_id=kafka_conn_id,
             acceptors=canonical_acceptors(acceptors=acceptors, success=success, failure=failure),
             predicate=predicate,
+            predicate_receives=predicate_receives,
+            predicate_args=list(apply_function_args)
+            if isinstance(apply_function_args, tuple)
+            else apply_function_args or [],
+            predicate_kwargs=apply_function_kwargs or {},
             start_from=start_from,
             start_after_ms=start_after,
             group_id=group_id,
@@ -133,6 +214,7 @@ class KafkaMessageSensor(DeferrableSensor):
                 "end_from_trigger=True skips that step. Use one or the other."
             )
         self.commit_on_match = commit_on_match
+        self.xcom_push_key = xcom_push_key
         self._scan_cursor: dict[tuple[str, int], int] = {}
 
     def trigger_params(self) -> dict[str, Any]:
@@ -147,7 +229,16 @@ class KafkaMessageSensor(DeferrableSensor):
         elif self.start_from == "committed" and self.start_after_ms is None:
             # The moment for partitions where the group has no offset; the trigger carries it.
             self.start_after_ms = self._first_moment_ms(context, or_run_start=False)
-        return super().execute(context)
+        return self._push_under_key(context, super().execute(context))
+
+    def execute_complete(self, context: Context, event: dict[str, Any], deadline: str | None = None) -> Any:
+        return self._push_under_key(context, super().execute_complete(context, event, deadline))
+
+    def _push_under_key(self, context: Context, result: Any) -> Any:
+        """The official ``xcom_push_key``: the payload under that key too (the return value stays)."""
+        if self.xcom_push_key is not None and result is not None:
+            context["ti"].xcom_push(key=self.xcom_push_key, value=result)
+        return result
 
     # ---------------------------------------------------------------- the default start
     def fix_start(self, context: Context) -> None:

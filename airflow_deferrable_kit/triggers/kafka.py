@@ -53,6 +53,7 @@ from airflow_deferrable_kit._kafka_messages import (
     MATCHERS,
     PREDICATE,
     SUCCESS,
+    ConfluentStyleMessage,
     KafkaMessage,
     MatchSpec,
     canonical_acceptors,
@@ -68,6 +69,8 @@ from airflow_deferrable_kit.triggers.base import PollingTrigger
 
 START_FROM: Final = ("timestamp", "earliest", "committed")
 VALUE_FORMATS: Final = ("json", "text", "bytes")
+#: What a predicate receives: the message as a dict, or with confluent-kafka ``Message``'s methods.
+PREDICATE_RECEIVES: Final = ("dict", "message")
 LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
@@ -81,6 +84,11 @@ class KafkaMessageTrigger(PollingTrigger):
         with matchers ``key``, ``value``, ``path`` (a JSON path into the value) and ``header``.
     :param predicate: dotted path of a callable ``f(message) -> bool | "success" | "failure"``;
         it receives ``{"topic", "partition", "offset", "timestamp", "key", "headers", "value"}``.
+    :param predicate_receives: ``"dict"`` (the default, as above) or ``"message"``: an object with
+        confluent-kafka ``Message``'s methods (``value()`` and ``key()`` as raw bytes), what the
+        official sensors' ``apply_function`` receives.
+    :param predicate_args: positional values bound before the message, ``f(*args, message, **kwargs)``.
+    :param predicate_kwargs: keyword values bound after it (the official ``apply_function_kwargs``).
     :param start_from: ``timestamp`` (from ``start_offsets``, else messages stamped at or after
         ``start_after_ms``), ``earliest`` (the whole retained log) or ``committed``
         (``group_id``'s committed offsets, read-only; partitions without one use the timestamp rule).
@@ -100,6 +108,9 @@ class KafkaMessageTrigger(PollingTrigger):
     kafka_conn_id: str = "kafka_default"
     acceptors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     predicate: str | None = None
+    predicate_receives: str = "dict"
+    predicate_args: list[Any] = dataclasses.field(default_factory=list)
+    predicate_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     start_from: str = "timestamp"
     start_offsets: dict[str, dict[str, int]] | None = None
     start_after_ms: int | None = None
@@ -160,6 +171,7 @@ class KafkaMessageTrigger(PollingTrigger):
             if self.value_format == "text" and acceptor["matcher"] == "path":
                 raise ValueError(f"acceptors[{i}]: matcher 'path' needs value_format 'json'")
         self._conditions = ConditionSet.load(self.acceptors, self.predicate, matchers=MATCHERS)
+        self._validate_predicate_binding()
         if self.start_from not in START_FROM:
             raise ValueError(f"start_from must be one of {', '.join(START_FROM)}, got {self.start_from!r}")
         if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
@@ -175,6 +187,25 @@ class KafkaMessageTrigger(PollingTrigger):
             self.start_after_ms = int(self.clock.time() * 1000)
         if not isinstance(self.wait_for_topic, bool):
             raise ValueError(f"wait_for_topic must be true or false, got {self.wait_for_topic!r}")
+
+    def _validate_predicate_binding(self) -> None:
+        if self.predicate_receives not in PREDICATE_RECEIVES:
+            raise ValueError(
+                f"predicate_receives must be one of {', '.join(PREDICATE_RECEIVES)}, got {self.predicate_receives!r}"
+            )
+        if isinstance(self.predicate_args, tuple):
+            self.predicate_args = list(self.predicate_args)
+        if not isinstance(self.predicate_args, list):
+            raise ValueError(f"predicate_args must be a list, got {type(self.predicate_args).__name__}")
+        if not isinstance(self.predicate_kwargs, dict) or not all(isinstance(k, str) for k in self.predicate_kwargs):
+            raise ValueError(f"predicate_kwargs must be a dict with string keys, got {self.predicate_kwargs!r}")
+        if self.predicate is None and (self.predicate_args or self.predicate_kwargs):
+            raise ValueError("predicate_args and predicate_kwargs are bound to the predicate: give predicate too")
+
+    def _predicate_subject(self, message: KafkaMessage) -> Any:
+        if self.predicate_receives == "message":
+            return ConfluentStyleMessage(message)
+        return message.subject(self.value_format)
 
     def _validate_start_offsets(self) -> None:
         offsets = self.start_offsets
@@ -331,7 +362,9 @@ class KafkaMessageTrigger(PollingTrigger):
             matched["actual"] = capped_actual(matched["actual"])
         if kind == PREDICATE:
             try:
-                verdict = await self._conditions.judge(message.subject(self.value_format), decision)
+                verdict = await self._conditions.judge(
+                    self._predicate_subject(message), decision, args=self.predicate_args, kwargs=self.predicate_kwargs
+                )
             except FatalError as exc:  # the predicate raised: the wait ends, naming it and the message
                 exc.message = f"{exc.message} (on message {message.topic}[{message.partition}]@{message.offset})"
                 raise

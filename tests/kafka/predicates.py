@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -34,3 +35,16 @@ def slow_is_last(message: dict[str, Any]) -> bool:
 
 
 NOT_CALLABLE = 42
+
+
+def official_style_at_least(threshold: int, message: Any, *, field: str) -> Any:
+    """An official ``apply_function``: bound args before the message, kwargs after, confluent methods.
+
+    Returns what it saw (truthy) once ``field`` of the JSON value reaches ``threshold``.
+    """
+    assert message.error() is None and len(message) == len(message.value())
+    assert isinstance(message.key(), bytes) and message.timestamp()[0] == 1
+    value = json.loads(message.value())
+    if value[field] >= threshold:
+        return {"topic": message.topic(), "partition": message.partition(), "offset": message.offset(), **value}
+    return None

@@ -94,6 +94,10 @@ def test_start_offsets_travel_as_json_with_string_partitions() -> None:
             "value_format 'json'",
         ),
         ({"topics": ["a"], "wait_for_topic": "yes"}, "wait_for_topic"),
+        ({"topics": ["a"], "predicate": "m.f", "predicate_receives": "record"}, "^predicate_receives"),
+        ({"topics": ["a"], "predicate": "m.f", "predicate_args": {"a": 1}}, "^predicate_args must be a list"),
+        ({"topics": ["a"], "predicate": "m.f", "predicate_kwargs": [1]}, "^predicate_kwargs must be a dict"),
+        ({"topics": ["a"], "predicate_kwargs": {"a": 1}}, "give predicate too"),
     ],
 )
 def test_bad_input_names_the_argument(kwargs: dict[str, Any], argument: str) -> None:
@@ -106,3 +110,20 @@ def test_the_trigger_maps_kafka_errors_and_falls_back_to_the_base_for_others() -
     refused = KafkaMessageTrigger(topics=["t"]).classify_error(errors.SaslAuthenticationFailed("bad password"))
     assert isinstance(refused, FatalError) and refused.error_type == "authentication"
     assert isinstance(KafkaMessageTrigger(topics=["t"]).classify_error(ConnectionResetError()), TransientError)
+
+
+def test_a_confluent_style_message_shows_the_record_as_confluent_kafka_does() -> None:
+    from types import SimpleNamespace
+
+    from airflow_deferrable_kit._kafka_messages import ConfluentStyleMessage, KafkaMessage
+
+    record = SimpleNamespace(
+        topic="orders", partition=2, offset=7, timestamp=1_700_000_000_000, key=b"k1", value=b'{"n": 5}', headers=[]
+    )
+    message = ConfluentStyleMessage(KafkaMessage(record))
+    assert (message.topic(), message.partition(), message.offset()) == ("orders", 2, 7)
+    assert (message.key(), message.value(), len(message)) == (b"k1", b'{"n": 5}', 8)
+    assert message.headers() is None and message.error() is None  # confluent: None when there are none
+    assert message.timestamp() == (ConfluentStyleMessage.TIMESTAMP_CREATE_TIME, 1_700_000_000_000)
+    unstamped = ConfluentStyleMessage(KafkaMessage(SimpleNamespace(**{**vars(record), "timestamp": None})))
+    assert unstamped.timestamp() == (ConfluentStyleMessage.TIMESTAMP_NOT_AVAILABLE, -1)

@@ -16,6 +16,7 @@ import pytest
 
 from airflow_deferrable_kit.sensors.base import DeferrableSensor
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
+from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
 from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
 from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor, TimeSensor, WaitSensor
@@ -39,6 +40,8 @@ OFFICIAL_SENSORS = [
     Official("amazon/s3.py", "S3KeysUnchangedSensor", None),
     Official("http/http.py", "HttpSensor", HttpBatchReadySensor),
     Official("common_sql/sql.py", "SqlSensor", PostgresBatchMarkerSensor),
+    Official("apache_kafka/kafka.py", "AwaitMessageSensor", KafkaMessageSensor),
+    Official("apache_kafka/kafka.py", "AwaitMessageTriggerFunctionSensor", KafkaMessageSensor),
     Official("standard/date_time.py", "DateTimeSensor", DateTimeSensor),
     Official("standard/date_time.py", "DateTimeSensorAsync", DateTimeSensor),
     Official("standard/time_delta.py", "TimeDeltaSensor", TimeDeltaSensor),

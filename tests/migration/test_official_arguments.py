@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
+from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
 from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
 from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
@@ -67,6 +68,7 @@ def test_aliases_are_templated_like_their_own_names() -> None:
             },
         ),
         (PostgresBatchMarkerSensor, {"sql": "SELECT 1"}, {"fail_on_empty": False, "hook_params": None}),
+        (KafkaMessageSensor, {"topics": ["orders"]}, {"commit_offset": False, "poll_timeout": 1}),
         (
             S3KeySensor,
             {"bucket_key": KEY},
@@ -138,6 +140,18 @@ REFUSED = [
         {"sql": "SELECT 1", "hook_params": {"log_sql": False}},
         r"hook_params=.*postgres_conn_id",
     ),
+    (
+        KafkaMessageSensor,
+        {"topics": ["orders"], "commit_offset": True},
+        r"commit_offset= of the official AwaitMessageSensor.*group_id='\.\.\.' and commit_on_match=True",
+    ),
+    (
+        KafkaMessageSensor,
+        {"topics": ["orders"], "event_triggered_function": print},
+        r"event_triggered_function=.*AwaitMessageTriggerFunctionSensor never ends.*AssetWatcher",
+    ),
+    (KafkaMessageSensor, {"topics": "^orders-.*"}, r"topics=.*'\^orders-\.\*' is a topic pattern.*list the topic"),
+    (KafkaMessageSensor, {"topics": ["orders"], "poll_timeout": -1}, r"poll_timeout=.*a number >= 0\), got -1"),
     (S3KeySensor, {"bucket_key": KEY, "use_regex": True}, r"use_regex=.*wildcard_match=True"),
     (S3KeySensor, {"bucket_key": KEY, "metadata_keys": ["*"]}, r"metadata_keys=.*etag"),
     (S3KeySensor, {"bucket_key": KEY, "verify": False}, r"verify=.*extras of the aws connection"),
@@ -185,3 +199,40 @@ def test_official_names_from_a_dag_are_translated_within_it() -> None:
     with DAG("ported", schedule=None, start_date=dt.datetime(2026, 1, 1)):
         sensor = PostgresBatchMarkerSensor(task_id="sql", conn_id="warehouse", sql="SELECT 1")
     assert sensor.postgres_conn_id == "warehouse"
+
+
+def test_kafka_official_names_reach_the_trigger() -> None:
+    sensor = KafkaMessageSensor(
+        task_id="kafka",
+        kafka_config_id="events",
+        topics=["orders"],
+        apply_function="my_dags.checks.is_ready",
+        apply_function_args=("a",),
+        apply_function_kwargs={"prefix": "{{ ds }}"},
+        poll_interval=5,
+        poll_timeout=1,
+        xcom_push_key="retrieved_message",
+    )
+    trigger = sensor.build_trigger(deadline=None)
+    assert (trigger.kafka_conn_id, trigger.predicate, trigger.predicate_receives) == (
+        "events",
+        "my_dags.checks.is_ready",
+        "message",
+    )
+    assert (trigger.predicate_args, trigger.predicate_kwargs) == (["a"], {"prefix": "{{ ds }}"})
+    assert sensor.poke_interval == 5
+    assert sensor.xcom_push_key == "retrieved_message"
+    assert {"predicate", "predicate_args", "predicate_kwargs"} <= set(sensor.template_fields)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"apply_function": print}, r"apply_function must be a dotted path string.*builtin_function_or_method"),
+        ({"apply_function": "m.f", "predicate": "m.g"}, r"give predicate= .* or the official apply_function="),
+        ({"xcom_push_key": "k", "end_from_trigger": True}, r"xcom_push_key needs the task to resume in a worker"),
+    ],
+)
+def test_kafka_official_names_that_cannot_hold_are_refused(arguments: dict[str, Any], message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        KafkaMessageSensor(task_id="kafka", topics=["orders"], **arguments)
