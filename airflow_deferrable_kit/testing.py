@@ -14,9 +14,10 @@ import asyncio
 import contextlib
 import datetime as dt
 import gc
-import logging
+import resource
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -137,45 +138,97 @@ def make_context(task: Any = None, **overrides: Any) -> dict[str, Any]:
     return context
 
 
-class _Collect(logging.Handler):
-    def __init__(self, sink: list[str]) -> None:
-        super().__init__(logging.WARNING)
-        self.sink = sink
+class BlockingReports(list[str]):
+    """The callbacks that held the loop (one line each), and beside them those that only *seemed*
+    to: :attr:`preempted` lists callbacks that took long on the wall clock while their thread
+    neither used the CPU for that long nor waited for anything (no voluntary context switch),
+    only lost the CPU to other processes or, on a virtual machine, to other guests: a busy
+    machine, not the code."""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if " took " in message:
-            self.sink.append(message)
+    def __init__(self) -> None:
+        super().__init__()
+        self.preempted: list[str] = []
+
+
+def _switches() -> tuple[int, int]:
+    """This thread's voluntary and involuntary context switches so far (Linux), else zeros."""
+    usage = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    return usage.ru_nvcsw, usage.ru_nivcsw
+
+
+def _describe_handle(handle: asyncio.Handle) -> str:
+    """The task a callback steps, else the callback (as asyncio's own slow-callback report says)."""
+    owner = getattr(getattr(handle, "_callback", None), "__self__", None)
+    return repr(owner) if isinstance(owner, asyncio.Task) else repr(handle)
+
+
+class _Watch:
+    """Times every callback the watched thread runs: wall clock, CPU, context switches."""
+
+    def __init__(self, threshold: float, reports: BlockingReports) -> None:
+        self.threshold = threshold
+        self.reports = reports
+        self.thread = threading.get_ident()
+        self.exact = hasattr(resource, "RUSAGE_THREAD")  # per-thread switches: preemption is told apart
+
+    def run(self, handle: asyncio.Handle, original: Callable[[asyncio.Handle], None]) -> None:
+        if threading.get_ident() != self.thread:
+            original(handle)
+            return
+        # The counters are read outside the wall-clock window, so every switch inside it counts.
+        (voluntary, involuntary), cpu = _switches(), time.thread_time()
+        wall = time.perf_counter()
+        try:
+            original(handle)
+        finally:
+            wall = time.perf_counter() - wall
+            if wall >= self.threshold:
+                cpu = time.thread_time() - cpu
+                now_voluntary, now_involuntary = _switches()
+                voluntary, involuntary = now_voluntary - voluntary, now_involuntary - involuntary
+                line = (
+                    f"Executing {_describe_handle(handle)} took {wall:.3f} seconds (CPU {cpu:.3f} s, "
+                    f"{voluntary} voluntary / {involuntary} involuntary context switches)"
+                )
+                # Neither busy nor waiting for anything: the CPU went to other processes (involuntary
+                # switches) or, on a virtual machine, to other guests (no switch the guest can see).
+                preempted = self.exact and cpu < self.threshold and voluntary == 0
+                (self.reports.preempted if preempted else self.reports).append(line)
 
 
 @contextlib.contextmanager
-def watch_blocking(threshold: float = 0.05) -> Iterator[list[str]]:
-    """Collect asyncio's slow-callback reports (anything holding the loop over ``threshold`` s).
+def watch_blocking(threshold: float = 0.05) -> Iterator[BlockingReports]:
+    """Report every callback that holds the event loop over ``threshold`` seconds.
 
     Use inside a running loop; assert the yielded list is empty afterwards::
 
         with watch_blocking(0.05) as blocked:
             await run_trigger(trigger)
         assert blocked == []
+
+    A callback is reported when it ran that long on the wall clock and either used that much CPU
+    or waited for something (a blocking call, a lock, the GIL held by another thread: a voluntary
+    context switch). One that only lost the CPU to other processes on a busy machine (or to other
+    guests of a virtual machine) is listed under ``blocked.preempted`` instead (Linux, where
+    per-thread counters exist; elsewhere every long callback is reported). asyncio's debug mode
+    is on meanwhile, for its other checks.
     """
     loop = asyncio.get_running_loop()
     # A full garbage collection of a big test process can take longer than the threshold; it is
     # not the trigger's doing, so park the existing objects outside the collector meanwhile.
     gc.collect()
     gc.freeze()
-    reports: list[str] = []
-    handler = _Collect(reports)
-    asyncio_log = logging.getLogger("asyncio")
-    previous = (loop.get_debug(), loop.slow_callback_duration, asyncio_log.level)
+    reports = BlockingReports()
+    watch = _Watch(threshold, reports)
+    original = asyncio.Handle._run
+    previous = (loop.get_debug(), loop.slow_callback_duration)
     loop.set_debug(True)
-    loop.slow_callback_duration = threshold
-    asyncio_log.addHandler(handler)
-    asyncio_log.setLevel(logging.WARNING)
+    loop.slow_callback_duration = float("inf")  # the watch reports, with more to say
+    asyncio.Handle._run = lambda handle: watch.run(handle, original)  # type: ignore[method-assign,assignment]
     try:
         yield reports
     finally:
+        asyncio.Handle._run = original  # type: ignore[method-assign]
         gc.unfreeze()
-        asyncio_log.removeHandler(handler)
         loop.set_debug(previous[0])
         loop.slow_callback_duration = previous[1]
-        asyncio_log.setLevel(previous[2])
