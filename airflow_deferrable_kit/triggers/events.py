@@ -409,7 +409,21 @@ class EdgeEventTrigger(EventTrigger):
         new_state = {"ready": ready, "since": now}
         if found is None or (was_ready is None and not self.backfill):
             return [], new_state
-        return [event_payload({**found.data, "became_ready_at": now, "event_id": f"ready@{now}"})], new_state
+        event_id = edge_event_id(state)
+        return [event_payload({**found.data, "became_ready_at": now, "event_id": event_id})], new_state
+
+
+def edge_event_id(previous: Any) -> str:
+    """The ``event_id`` of a transition to ready: named after the state it leaves, not the clock.
+
+    A triggerer that dies after the event is stored but before the new state is saved fires it
+    again from the same saved state, at another moment (``became_ready_at`` differs): naming
+    the transition by the saved "not ready since" moment it leaves gives both copies one
+    ``event_id``, so a consumer can tell the repeat. ``ready-after@start`` is the first look's
+    (with ``backfill``).
+    """
+    since = previous.get("since") if isinstance(previous, Mapping) else None
+    return f"ready-after@{since}" if since else "ready-after@start"
 
 
 class ConditionEventTrigger(EdgeEventTrigger):
@@ -497,5 +511,6 @@ __all__ = [
     "ConditionEventTrigger",
     "EdgeEventTrigger",
     "EventTrigger",
+    "edge_event_id",
     "event_payload",
 ]
