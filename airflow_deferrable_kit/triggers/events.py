@@ -212,6 +212,10 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         """Poll, yield, sleep, for ever: errors back off and are logged, never raised."""
         self.log.info("Watching %s (every %ss)", self.describe(), self.poll_interval)
         failures = 0
+        # Groups started together (a triggerer starting, a deployment) would poll together for
+        # ever, their answers all landing in the same loop iterations: the first healthy sleep
+        # is shortened by a random part of one interval, as the waits' is.
+        phased = not self.spread_polls
         while True:
             started = asyncio.get_running_loop().time()
             await self.clock.sleep(0)  # a turn: groups started together poll a few per loop turn
@@ -231,7 +235,11 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             # A full page: look again as soon as the triggers have moved past it (not before, or
             # the same page comes back; not at all while one of them is stuck on it).
             extra = [board.moved] if self.needs_catch_up(data) else []
-            await self._sleep(board, float(self.poll_interval), started, extra=extra)
+            delay = float(self.poll_interval)
+            if not phased:
+                phased = True
+                delay = self.phase(delay)
+            await self._sleep(board, delay, started, extra=extra)
 
     def _failure_delay(self, failures: int, error: WaitError) -> float:
         if isinstance(error, TransientError):
