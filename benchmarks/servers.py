@@ -5,7 +5,10 @@
   hide connection reuse).
 * ``http``: a tiny aiohttp app with one URL per wait: ``GET /ready/{i}`` answers 404 until
   ``POST /flip`` is called, then 200 ``{"state": "ready", "id": i}``. ``POST /flip`` returns the
-  server time at which the condition turned true for every URL.
+  server time at which the condition turned true for every URL. For event watchers, which poll
+  an answer that is always 200: ``GET /state/{i}`` answers ``{"state": "pending"}`` until the
+  flip, then ``{"state": "ready", "id": i}``; ``GET /items/{n}`` answers one document for ``n``
+  items, ``{"items": {"i00000": "pending", ...}}``, each ``"ready"`` after the flip.
 
 Both answer ``GET /__requests__`` with the number of requests served so far (that one not
 counted), so the benchmark divides CPU by the polls really made, not by the polls due.
@@ -64,6 +67,22 @@ def serve_http(port: int) -> None:
             return web.json_response({"state": "pending"}, status=404)
         return web.json_response({"state": "ready", "id": request.match_info["i"]})
 
+    async def item_state(request: web.Request) -> web.Response:
+        state["requests"] += 1
+        if state["ready_at"] is None:
+            return web.json_response({"state": "pending"})
+        return web.json_response({"state": "ready", "id": request.match_info["i"]})
+
+    documents: dict[tuple[int, bool], str] = {}
+
+    async def items(request: web.Request) -> web.Response:
+        state["requests"] += 1
+        n, ready = int(request.match_info["n"]), state["ready_at"] is not None
+        if (n, ready) not in documents:  # built once: the server is not what is measured
+            value = "ready" if ready else "pending"
+            documents[n, ready] = json.dumps({"items": {f"i{i:05d}": value for i in range(n)}})
+        return web.Response(text=documents[n, ready], content_type="application/json")
+
     async def flip(request: web.Request) -> web.Response:
         if state["ready_at"] is None:
             state["ready_at"] = time.time()
@@ -75,6 +94,8 @@ def serve_http(port: int) -> None:
     app = web.Application()
     app.router.add_get(COUNT_PATH, count)
     app.router.add_get("/ready/{i}", ready)
+    app.router.add_get("/state/{i}", item_state)
+    app.router.add_get("/items/{n}", items)
     app.router.add_post("/flip", flip)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, keepalive_timeout=75)
 

@@ -212,6 +212,10 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         """Poll, yield, sleep, for ever: errors back off and are logged, never raised."""
         self.log.info("Watching %s (every %ss)", self.describe(), self.poll_interval)
         failures = 0
+        # Groups started together (a triggerer starting, a deployment) would poll together for
+        # ever, their answers all landing in the same loop iterations: the first healthy sleep
+        # is shortened by a random part of one interval, as the waits' is.
+        phased = not self.spread_polls
         while True:
             started = asyncio.get_running_loop().time()
             await self.clock.sleep(0)  # a turn: groups started together poll a few per loop turn
@@ -231,7 +235,11 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             # A full page: look again as soon as the triggers have moved past it (not before, or
             # the same page comes back; not at all while one of them is stuck on it).
             extra = [board.moved] if self.needs_catch_up(data) else []
-            await self._sleep(board, float(self.poll_interval), started, extra=extra)
+            delay = float(self.poll_interval)
+            if not phased:
+                phased = True
+                delay = self.phase(delay)
+            await self._sleep(board, delay, started, extra=extra)
 
     def _failure_delay(self, failures: int, error: WaitError) -> float:
         if isinstance(error, TransientError):
@@ -409,7 +417,21 @@ class EdgeEventTrigger(EventTrigger):
         new_state = {"ready": ready, "since": now}
         if found is None or (was_ready is None and not self.backfill):
             return [], new_state
-        return [event_payload({**found.data, "became_ready_at": now, "event_id": f"ready@{now}"})], new_state
+        event_id = edge_event_id(state)
+        return [event_payload({**found.data, "became_ready_at": now, "event_id": event_id})], new_state
+
+
+def edge_event_id(previous: Any) -> str:
+    """The ``event_id`` of a transition to ready: named after the state it leaves, not the clock.
+
+    A triggerer that dies after the event is stored but before the new state is saved fires it
+    again from the same saved state, at another moment (``became_ready_at`` differs): naming
+    the transition by the saved "not ready since" moment it leaves gives both copies one
+    ``event_id``, so a consumer can tell the repeat. ``ready-after@start`` is the first look's
+    (with ``backfill``).
+    """
+    since = previous.get("since") if isinstance(previous, Mapping) else None
+    return f"ready-after@{since}" if since else "ready-after@start"
 
 
 class ConditionEventTrigger(EdgeEventTrigger):
@@ -497,5 +519,6 @@ __all__ = [
     "ConditionEventTrigger",
     "EdgeEventTrigger",
     "EventTrigger",
+    "edge_event_id",
     "event_payload",
 ]

@@ -105,7 +105,7 @@ async def test_fires_once_each_time_the_condition_becomes_true_never_while_it_st
         SWITCHES[name] = "on"
         [event] = await watch.wait_for_events(1)
         assert event["switch"] == name
-        assert event["event_id"] == f"ready@{event['became_ready_at']}"
+        assert event["event_id"].startswith("ready-after@") and event["event_id"] != "ready-after@start"
         await quiet()
         assert len(watch.events) == 1  # still true: no second event
         SWITCHES[name] = "failed"  # a failure condition is "not ready", definitely
@@ -138,9 +138,9 @@ async def test_with_backfill_a_condition_already_true_at_the_start_fires() -> No
     name = switch("on")
     async with WatcherHarness() as triggerer:
         watch = await triggerer.start(watcher(name, backfill=True))
-        await watch.wait_for_events(1)
+        [event] = await watch.wait_for_events(1)
         await quiet()
-        assert len(watch.events) == 1
+        assert len(watch.events) == 1 and event["event_id"] == "ready-after@start"
 
 
 # ------------------------------------------------------------------- storage and restarts
@@ -170,11 +170,15 @@ async def test_a_triggerer_that_dies_before_the_event_is_stored_fires_it_again_n
         await quiet()
         SWITCHES[name] = "on"
         await watch.wait_for_events(1)
-    # dead: the event was never stored
+    # dead: the event was never stored (or stored, its watermark not saved: the same to the watcher)
+    [fired] = watch.payloads
     async with WatcherHarness(stores=first.stores) as second:
         watch = await second.start(watcher(name))
         [again] = await watch.wait_for_events(1)
         assert again["switch"] == name
+        # Fired again later, from the same saved state: the same event_id (what a consumer
+        # deduplicates on), another became_ready_at.
+        assert again["event_id"] == fired["event_id"] and again["became_ready_at"] != fired["became_ready_at"]
         await eventually(lambda: second.stores.get("asset").writes >= 2)
     # stored this time: a third start fires nothing, however long it runs
     async with WatcherHarness(stores=second.stores) as third:

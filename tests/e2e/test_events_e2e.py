@@ -305,3 +305,15 @@ def test_a_killed_triggerer_misses_nothing_and_repeats_only_what_it_had_no_time_
     # the new triggerer fired nothing for it.
     assert len(world.asset_events(HTTP_ASSET)) == http_before
     assert world.airflow.processes["triggerer-2"].poll() is None
+
+
+def test_every_copy_of_an_event_carries_the_event_id_of_the_first(world: World) -> None:
+    """What a consumer deduplicates on: the repeats after the kill above carry the first copy's ``event_id``."""
+    for asset, field in ((S3_ASSET, "key"), (PG_ASSET, "row")):
+        ids: dict[str, set[str]] = {}
+        for _, payload, _ in world.asset_events(asset):
+            item = payload.get("key") if field == "key" else (payload.get("row") or {}).get("dataset")
+            ids.setdefault(str(item), set()).add(payload["event_id"])
+        assert ids and all(len(event_ids) == 1 for event_ids in ids.values()), ids
+    http = [payload["event_id"] for _, payload, _ in world.asset_events(HTTP_ASSET)]
+    assert http and len(set(http)) == len(http)  # each transition its own event_id
