@@ -2,7 +2,10 @@
 
 Waits whose patterns have the same literal prefix use one ``ListObjectsV2`` of it, started at
 most a short window (:func:`listing_reuse_window`) before their poll, and a bucket's existence
-is checked once for all the waits on it. A failed answer is never reused.
+is checked once for all the waits on it. A failed answer is never reused. Waits on exact keys
+of one folder share listings the same way when that is cheaper than one HEAD each
+(:meth:`S3Poller.find_object`; the rule and its bound are in
+:mod:`airflow_deferrable_kit._s3_key_groups`).
 """
 
 from __future__ import annotations
@@ -10,10 +13,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
+from airflow_deferrable_kit._s3_client import classify_s3_error
+from airflow_deferrable_kit._s3_key_groups import GROUP_SWEEP_SECONDS, MAX_LISTING_PAGES, KeyGroup, folder_of
 from airflow_deferrable_kit._s3_requests import DirectRequests
+from airflow_deferrable_kit.payload import TransientError
+
+log = logging.getLogger(__name__)
 
 #: A poll may answer from a listing that started at most this fraction of the wait's poll
 #: interval before the poll did (and at most :data:`LISTING_REUSE_MAX` seconds before).
@@ -46,7 +55,17 @@ class Listing:
     keys: tuple[str, ...]
     #: ``(size, etag, last_modified)`` of each key; ``last_modified`` may still be S3's text.
     details: tuple[tuple[int | None, str | None, Any], ...]
+    pages: int = 1
+    #: ``False`` when the listing stopped at its page bound: keys past it are not in it.
+    complete: bool = True
     _by_tail: dict[int, dict[str, list[int]]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _members: set[str] = dataclasses.field(default_factory=set, repr=False, compare=False)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` was listed (a set of the keys is built on the first question)."""
+        if not self._members and self.keys:
+            self._members.update(self.keys)
+        return key in self._members
 
     def candidates(self, tail: str) -> Sequence[int]:
         """Indexes, in key order, of the keys that end with ``tail`` (every key for ``""``)."""
@@ -95,15 +114,94 @@ class S3Poller:
     botocore would.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, where: str = "") -> None:
         self.client = client
+        self.where = where  # the connection, for errors raised before S3 answered
         self._requests = DirectRequests(client)
         self._shared: dict[tuple[str, ...], _Shared] = {}
+        self._groups: dict[tuple[str, str], KeyGroup] = {}
+        self._groups_swept_at = 0.0
 
     # ---------------------------------------------------------------------------- HEAD
     async def head_object(self, bucket: str, key: str) -> dict[str, Any] | None:
         """``ContentLength``, ``ETag`` and ``LastModified`` of an object; ``None`` when S3 answers 404."""
         return await self._requests.head_object(bucket, key)
+
+    async def find_object(self, bucket: str, key: str, *, poll_interval: float) -> dict[str, Any] | None:
+        """What :meth:`head_object` says of ``key``, from a shared listing of its folder where cheaper.
+
+        The poll is counted in the key's folder group; when the group's rule says list
+        (:meth:`KeyGroup.lists`), a bounded listing of the folder that started at most
+        :func:`listing_reuse_window` before this poll answers "not yet" for a key it does not
+        hold. A key it does hold is then HEADed, so what a found key reports (payload fields,
+        ``min_size``, and errors such as a 403 on ``s3:GetObject``) is exactly what HEAD says.
+        A listing that stopped at its page bound, or failed with anything but a transient error,
+        puts the folder on HEAD (:meth:`KeyGroup.head_only`); a transient one (throttling, 5xx,
+        network) is raised as the :class:`TransientError` :func:`classify_s3_error` makes of it.
+        """
+        now = asyncio.get_running_loop().time()
+        if now - self._groups_swept_at >= GROUP_SWEEP_SECONDS:
+            self._groups_swept_at = now
+            for idle in [where for where, group in self._groups.items() if group.idle(now)]:
+                del self._groups[idle]
+        folder = folder_of(key)
+        group = self._groups.get((bucket, folder))
+        if group is None:
+            group = self._groups[bucket, folder] = KeyGroup(folder)
+        group.note_poll(key, poll_interval, now)
+        window = listing_reuse_window(poll_interval)
+        if group.lists(window, now):
+            listing = await self._folder_listing(bucket, group, window)
+            if listing is not None and key not in listing:
+                return None
+        return await self._requests.head_object(bucket, key)
+
+    async def _folder_listing(self, bucket: str, group: KeyGroup, window: float) -> Listing | None:
+        """A shared listing of ``group``'s folder bounded at :data:`MAX_LISTING_PAGES`; ``None``: use HEAD.
+
+        One listing of a folder is in flight at a time. A poll that finds one in flight that
+        started more than ``window`` ago (too early to answer it) waits for it to end and then
+        shares the listing that starts next, which began after the poll did: however slow the
+        listings, a folder costs one at a time, never one per window of their duration.
+        """
+        what = ("folder", bucket, group.folder)
+        loop = asyncio.get_running_loop()
+        while True:
+            running = self._shared.get(what)
+            if running is None or running.task.done() or loop.time() - running.started <= window:
+                break
+            await asyncio.wait([running.task])
+            if not group.lists(window, loop.time()):  # that listing put the folder on HEAD
+                return None
+        listing: Listing | None = await self._share(
+            what, window, LISTING_REUSE_MAX, lambda: self._list_folder(bucket, group)
+        )
+        return listing
+
+    async def _list_folder(self, bucket: str, group: KeyGroup) -> Listing | None:
+        """List ``group``'s folder once; on the bound or a refusal, put the group on HEAD and say ``None``.
+
+        Decided here, in the shared request, so that no poll starts another listing between
+        the answer and the waits that shared it hearing of it.
+        """
+        what = f"LIST s3://{bucket}/{group.folder}"
+        try:
+            listing = await self._list(bucket, group.folder, max_pages=MAX_LISTING_PAGES)
+        except Exception as exc:
+            error = classify_s3_error(exc, what=what, where=self.where)
+            if error is None:
+                raise
+            if isinstance(error, TransientError):
+                raise error from exc
+            reason = f"its listing failed ({error.message})"
+        else:
+            if listing.complete:
+                group.listed(listing.pages)
+                return listing
+            reason = f"it holds more than {MAX_LISTING_PAGES} pages of objects"
+        if group.head_only(asyncio.get_running_loop().time(), reason):
+            log.info("%s: the waits on its keys poll them with HEAD for a while: %s", what, reason)
+        return None
 
     async def head_bucket(self, bucket: str) -> Any:
         """botocore's own ``head_bucket``; a success answers every wait for :data:`BUCKET_CHECK_REUSE` s.
@@ -129,15 +227,20 @@ class S3Poller:
         )
         return listing
 
-    async def _list(self, bucket: str, prefix: str) -> Listing:
-        """Page through ``ListObjectsV2`` of ``prefix`` (no delimiter: keys at any depth)."""
+    async def _list(self, bucket: str, prefix: str, *, max_pages: int | None = None) -> Listing:
+        """Page through ``ListObjectsV2`` of ``prefix`` (no delimiter: keys at any depth).
+
+        With ``max_pages``, stop after that many pages: the listing is then not ``complete``.
+        """
         keys: list[str] = []
         details: list[tuple[int | None, str | None, Any]] = []
         token: str | None = None
+        pages = 0
         while True:
             token = await self._requests.list_page(bucket, prefix, token, keys, details)
-            if token is None:
-                return Listing(tuple(keys), tuple(details))
+            pages += 1
+            if token is None or (max_pages is not None and pages >= max_pages):
+                return Listing(tuple(keys), tuple(details), pages=pages, complete=token is None)
 
     # ---------------------------------------------------------------------------- sharing
     async def _share(

@@ -30,6 +30,11 @@ Usage::
 
     python -m benchmarks.triggerer_load --kind s3 --impl kit --n 1000 --poll-interval 5 --hold 10
 
+S3 layouts: ``s3`` puts every key under its own prefix (``own/{i}/data.csv``); ``s3-one-prefix``
+waits with wildcard patterns ``shared/*-{i:05d}.csv`` under one prefix; ``s3-shared-prefix`` waits
+on exact keys ``shared/k-{i:05d}.csv`` (no wildcard) under one prefix. Both one-prefix layouts
+also hold ``SHARED_OTHER_OBJECTS`` unrelated objects under ``shared/``.
+
 Kafka layouts: ``kafka`` puts every wait on one topic (``bench``, 4 partitions); ``kafka-topics``
 puts wait ``i`` on topic ``bench-{i % topics}`` (``--topics``, default one topic per wait, as the
 official ``AwaitMessageSensor`` is used), 2 partitions each. ``--unrelated-topics`` fills the
@@ -60,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("s3", "s3-one-prefix", "http", "postgres", "kafka", "kafka-topics", "datetime")
+KINDS = ("s3", "s3-one-prefix", "s3-shared-prefix", "http", "postgres", "kafka", "kafka-topics", "datetime")
 BUCKET = "bench"
 TOPIC = "bench"
 #: ``kafka-topics``: wait ``i`` is on topic ``bench-{i % topics}``, each of this many partitions.
@@ -237,7 +242,7 @@ async def _flipper(kind: str, n: int, endpoint: str, topics: int = 0, unrelated:
             config=Config(max_pool_connections=16),
         )
         s3.create_bucket(Bucket=BUCKET)
-        if kind == "s3-one-prefix":
+        if kind in ("s3-one-prefix", "s3-shared-prefix"):
             for j in range(SHARED_OTHER_OBJECTS):
                 s3.put_object(Bucket=BUCKET, Key=f"shared/other-{j}.txt", Body=b"x")
         print("READY", file=out, flush=True)
@@ -372,6 +377,8 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
                 kw: dict[str, Any] = {"bucket_key": f"own/{i}/data.csv", "bucket_name": BUCKET}
             elif kind == "s3-one-prefix":
                 kw = {"bucket_key": f"shared/*-{i:05d}.csv", "bucket_name": BUCKET, "wildcard_match": True}
+            elif kind == "s3-shared-prefix":
+                kw = {"bucket_key": f"shared/k-{i:05d}.csv", "bucket_name": BUCKET}
             elif kind == "http":
                 kw = {"http_conn_id": "bench_http", "endpoint": f"ready/{i}"}
             elif kind == "postgres":
@@ -398,11 +405,13 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
 
         for i in range(n):
             key = f"own/{i}/data.csv" if kind == "s3" else f"shared/*-{i:05d}.csv"
+            if kind == "s3-shared-prefix":
+                key = f"shared/k-{i:05d}.csv"
             made.append(
                 ocls(
                     bucket_name=BUCKET,
                     bucket_key=key,
-                    wildcard_match=kind != "s3",
+                    wildcard_match=kind == "s3-one-prefix",
                     aws_conn_id="bench_aws",
                     poke_interval=poll,
                 )

@@ -3,7 +3,8 @@
 Runs on aiobotocore with one client per (connection, region, endpoint) shared by every S3 wait
 in the triggerer process. A HEAD that says 404 is "not yet"; throttling, 5xx and network errors
 back off; a missing bucket, a 403 or bad credentials end the wait at once with a clear message.
-Wildcard waits on the same literal prefix share one listing (see ``listing_reuse_window``).
+Wildcard waits on the same literal prefix share one listing (see ``listing_reuse_window``), and
+so do many exact-key waits in one folder when that is cheaper than a HEAD each (``find_object``).
 The success payload says which objects matched, with size, ETag and last-modified time.
 """
 
@@ -273,7 +274,9 @@ class S3KeyTrigger(PollingTrigger):
         return Found(keys_payload(objects, len(objects)))
 
     async def _head(self, client: S3Poller, bucket: str, key: str) -> dict[str, Any] | None:
-        response = await self._call(f"HEAD s3://{bucket}/{key}", client.head_object(bucket, key))
+        response = await self._call(
+            f"HEAD s3://{bucket}/{key}", client.find_object(bucket, key, poll_interval=float(self.poll_interval))
+        )
         if response is None:  # 404: the key, or the bucket, does not exist yet
             await self._require_bucket(client, bucket)
             return None
@@ -344,7 +347,7 @@ class S3KeyTrigger(PollingTrigger):
 
 async def _open_poller(settings: S3Settings) -> S3Poller:
     """Build the shared client for ``settings`` (off the loop) and wrap it in its poller."""
-    return S3Poller(await create_client(settings))
+    return S3Poller(await create_client(settings), where=settings.describe())
 
 
 __all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "keys_payload", "resolve_targets"]

@@ -38,6 +38,7 @@ class FaultProxy:
         self.seen: list[Seen] = []
         self.peers: set[tuple[str, int]] = set()
         self._faults: list[tuple[int, str, str, dict[str, str]]] = []
+        self._listing_faults: list[tuple[int, str, str, dict[str, str]]] = []
         self._gate: asyncio.Event | None = None
         self.held = 0
         self._runner: web.AppRunner | None = None
@@ -61,10 +62,12 @@ class FaultProxy:
         code: str = "SlowDown",
         message: str = "Reduce your request rate.",
         retry_after: float | None = None,
+        *,
+        listings_only: bool = False,
     ) -> None:
-        """Answer the next ``count`` requests with an S3 error instead of forwarding them."""
+        """Answer the next ``count`` requests (or only ``ListObjectsV2`` ones) with an S3 error."""
         headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
-        self._faults.extend([(status, code, message, headers)] * count)
+        (self._listing_faults if listings_only else self._faults).extend([(status, code, message, headers)] * count)
 
     def hold_requests(self) -> asyncio.Event:
         """Keep every request from now on waiting (counted in ``held``) until the event is set."""
@@ -77,6 +80,10 @@ class FaultProxy:
             for s in self.seen
             if (method is None or s.method == method) and (injected is None or s.injected == injected)
         )
+
+    def listings(self) -> list[Seen]:
+        """The ``ListObjectsV2`` requests seen so far."""
+        return [s for s in self.seen if s.method == "GET" and "list-type=2" in s.query]
 
     async def start(self) -> None:
         app = web.Application()
@@ -104,8 +111,10 @@ class FaultProxy:
         if self._gate is not None and not self._gate.is_set():
             self.held += 1
             await self._gate.wait()
-        if self._faults:
-            status, code, message, headers = self._faults.pop(0)
+        listing = request.method == "GET" and request.query.get("list-type") == "2"
+        faults = self._listing_faults if listing and self._listing_faults else self._faults
+        if faults:
+            status, code, message, headers = faults.pop(0)
             self.seen.append(
                 Seen(
                     request.method,

@@ -1,0 +1,220 @@
+"""Exact-key waits of one folder answered by shared, bounded listings instead of one HEAD each.
+
+Requests are counted by the fault proxy in front of the real S3 API server, which also injects
+the refused listing (a 403 on ``ListObjectsV2`` while HEADs go through) that moto cannot be
+told to give on its own. The rule itself (when to list, the bound) is tested without a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from airflow_deferrable_kit import _s3_poller
+from airflow_deferrable_kit._s3_client import create_client
+from airflow_deferrable_kit._s3_key_groups import (
+    HEAD_ONLY_SECONDS,
+    MAX_LISTING_PAGES,
+    POLLS_PER_LISTING_PAGE,
+    KeyGroup,
+    folder_of,
+)
+from airflow_deferrable_kit._s3_poller import S3Poller, listing_reuse_window
+from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.payload import TransientError
+from airflow_deferrable_kit.testing import run_trigger_payload
+from tests.s3.conftest import admin_settings, put_many
+from tests.s3.fault_proxy import FaultProxy, settle
+from tests.s3.test_polling import CountingTrigger, polls
+from tests.s3.test_trigger import s3_trigger
+
+N = 200  # at a 2 s interval: 100 polls/s, 20 in a 0.2 s window, above the 16 a one-page listing needs
+INTERVAL = 2.0
+
+
+def key(i: int) -> str:
+    return f"run-42/part-{i:05d}.csv"
+
+
+def waits(bucket: str, conn_id: str, n: int = N, **kwargs: Any) -> list[CountingTrigger]:
+    return [
+        CountingTrigger(bucket_key=key(i), bucket_name=bucket, aws_conn_id=conn_id, poll_interval=INTERVAL, **kwargs)
+        for i in range(n)
+    ]
+
+
+def object_heads(proxy: FaultProxy, bucket: str) -> int:
+    return sum(1 for s in proxy.seen if s.method == "HEAD" and s.path != f"/{bucket}")
+
+
+# ------------------------------------------------------------------ shared listings
+async def test_keys_of_one_folder_are_polled_by_few_listings_and_found_within_an_interval(
+    admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str, make_conn: Any, s3_server: Any
+) -> None:
+    await put_many(admin, bucket, [f"run-42/other-{j}.txt" for j in range(50)])
+    triggers = waits(bucket, proxy_conn)
+    tasks = [asyncio.create_task(run_trigger_payload(t, timeout=120)) for t in triggers]
+
+    await settle(lambda: polls(triggers) >= 4 * N, attempts=3000)  # four rounds of polls
+    ramp_heads = object_heads(proxy, bucket)
+    listings, polled = len(proxy.listings()), polls(triggers)
+    # Until enough keys of the folder were polled, HEADs; from then on listings, each answering many.
+    assert ramp_heads < N
+    assert listings * 8 <= polled
+    assert {s.query for s in proxy.listings()} == {"list-type=2&prefix=run-42/&encoding-type=url"}
+    assert not any(task.done() for task in tasks)
+
+    # Each key appears while its wait polls: found at the latest by its second poll after the put.
+    polls_at_put: dict[int, int] = {}
+
+    async def put(i: int) -> None:
+        await admin.put_object(Bucket=bucket, Key=key(i), Body=b"a,b\n" * (i + 1))
+        polls_at_put[i] = triggers[i].__dict__["polls"]
+
+    await asyncio.gather(*(put(i) for i in range(N)))
+    payloads = await asyncio.gather(*tasks)
+
+    assert [p["status"] for p in payloads] == ["success"] * N
+    assert [[k["key"] for k in p["keys"]] for p in payloads] == [[key(i)] for i in range(N)]
+    assert max(triggers[i].__dict__["polls"] - polls_at_put[i] for i in range(N)) <= 2
+    # A found key is HEADed once; a not-yet poll costs no HEAD.
+    assert object_heads(proxy, bucket) - ramp_heads <= N
+    assert len(proxy.listings()) * 8 <= polls(triggers)
+    # The same payload as a wait that HEADs (a single wait on another connection: nothing to share).
+    direct = make_conn(s3_server.endpoint_url, conn_id="s3_direct")
+    for i in (0, 7, N - 1):
+        alone = await run_trigger_payload(s3_trigger(bucket_key=key(i), bucket_name=bucket, aws_conn_id=direct))
+        assert alone == payloads[i]
+    assert held_keys() == {}
+
+
+async def test_min_size_decides_as_with_head(admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str) -> None:
+    await put_many(admin, bucket, [key(i) for i in range(N)], body=b"small")
+    triggers = waits(bucket, proxy_conn, min_size=10)
+    tasks = [asyncio.create_task(run_trigger_payload(t, timeout=120)) for t in triggers]
+    await settle(lambda: polls(triggers) >= 3 * N, attempts=3000)
+    assert not any(task.done() for task in tasks)  # present in the listing, but smaller than min_size
+    assert proxy.listings()
+
+    await put_many(admin, bucket, [key(i) for i in range(N)], body=b"big enough now")
+    payloads = await asyncio.gather(*tasks)
+    assert [(p["status"], p["keys"][0]["size"]) for p in payloads] == [("success", 14)] * N
+
+
+# ------------------------------------------------------------------------ the bound
+async def test_a_folder_listing_past_the_page_bound_puts_the_folder_on_head(
+    admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_s3_poller, "MAX_LISTING_PAGES", 1)
+    await put_many(admin, bucket, [f"run-42/other-{j:04d}.txt" for j in range(1001)])  # two pages
+    triggers = waits(bucket, proxy_conn)
+    tasks = [asyncio.create_task(run_trigger_payload(t, timeout=120)) for t in triggers]
+
+    await settle(lambda: polls(triggers) >= 4 * N, attempts=3000)
+    # One listing of the folder at a time: the first stopped at the bound (after one page), then
+    # HEADs only, for HEAD_ONLY_SECONDS.
+    listed = len(proxy.listings())
+    assert listed == 1
+    assert "continuation-token" not in " ".join(s.query for s in proxy.listings())
+    heads_before = object_heads(proxy, bucket)
+    await settle(lambda: polls(triggers) >= 6 * N, attempts=3000)
+    assert object_heads(proxy, bucket) - heads_before >= N  # two rounds of polls, answered by HEADs
+    assert len(proxy.listings()) == listed
+
+    await put_many(admin, bucket, [key(i) for i in range(N)])
+    payloads = await asyncio.gather(*tasks)
+    assert [p["status"] for p in payloads] == ["success"] * N
+
+
+async def test_a_refused_listing_falls_back_to_head_and_fails_no_wait(
+    admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str
+) -> None:
+    # s3:ListBucket denied, s3:GetObject allowed: S3 answers the listing 403 AccessDenied.
+    proxy.fail_next(1000, status=403, code="AccessDenied", message="Access Denied", listings_only=True)
+    triggers = waits(bucket, proxy_conn)
+    tasks = [asyncio.create_task(run_trigger_payload(t, timeout=120)) for t in triggers]
+
+    await settle(lambda: polls(triggers) >= 4 * N, attempts=3000)
+    refused = proxy.listings()
+    assert refused and all(s.status == 403 and s.injected for s in refused)
+    # One listing of the folder at a time: the first refusal puts the folder on HEAD.
+    assert len(refused) == 1
+    await settle(lambda: polls(triggers) >= 6 * N, attempts=3000)
+    assert len(proxy.listings()) == len(refused)
+    assert not any(task.done() for task in tasks)
+
+    await put_many(admin, bucket, [key(i) for i in range(N)])
+    payloads = await asyncio.gather(*tasks)
+    assert [p["status"] for p in payloads] == ["success"] * N
+    assert len(proxy.listings()) == len(refused)
+
+
+async def test_a_throttled_listing_is_the_transient_error_a_throttled_head_is(
+    admin: Any, bucket: str, proxy: FaultProxy
+) -> None:
+    poller = S3Poller(await create_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
+    try:
+        group = poller._groups[bucket, "run-42/"] = KeyGroup("run-42/")
+        now = asyncio.get_running_loop().time()
+        for i in range(N):  # N waits on the folder have polled
+            group.note_poll(key(i), INTERVAL, now)
+        proxy.fail_next(1, status=503, code="SlowDown", listings_only=True)
+        with pytest.raises(TransientError) as throttled:
+            await poller.find_object(bucket, key(0), poll_interval=INTERVAL)
+        assert throttled.value.error_type == "throttled"
+        assert "LIST s3://" in throttled.value.message and "SlowDown" in throttled.value.message
+        # Not a refusal: the next poll lists again (and, the key missing, sends no HEAD).
+        assert await poller.find_object(bucket, key(0), poll_interval=INTERVAL) is None
+        assert [s.status for s in proxy.listings()] == [503, 200]
+        assert proxy.count("HEAD") == 0
+    finally:
+        await poller.close()
+
+
+# ---------------------------------------------------------------------------- the rule
+def test_a_key_s_group_is_its_folder() -> None:
+    assert folder_of("run-42/part-7.csv") == "run-42/"
+    assert folder_of("a/b/c") == "a/b/"
+    assert folder_of("a/b/") == "a/b/"
+    assert folder_of("top.csv") == ""
+
+
+def test_a_folder_lists_when_the_polls_of_a_window_outnumber_its_pages_sixteen_to_one() -> None:
+    interval, window = 5.0, listing_reuse_window(5.0)  # 0.5 s: each key adds 0.1 expected poll
+    group = KeyGroup("run/")
+    keys = [f"run/{i}" for i in range(POLLS_PER_LISTING_PAGE * 10)]
+    for k in keys[:-1]:
+        group.note_poll(k, interval, 0.0)
+    assert not group.lists(window, 0.0)
+    group.note_poll(keys[-1], interval, 0.0)
+    assert group.lists(window, 0.0)
+    group.listed(pages=2)  # twice the pages: twice the polls needed
+    assert not group.lists(window, 0.0)
+    for i in range(len(keys), 2 * len(keys)):
+        group.note_poll(f"run/{i}", interval, 0.0)
+    assert group.lists(window, 0.0)
+    group.note_poll(keys[0], interval, 0.0)  # the same key again is not another wait
+    assert group.expected_polls(window) == pytest.approx(POLLS_PER_LISTING_PAGE * 2)
+
+
+def test_keys_no_longer_polled_stop_counting() -> None:
+    group = KeyGroup("run/")
+    for i in range(200):
+        group.note_poll(f"run/{i}", 5.0, 0.0)
+    assert group.lists(0.5, 0.0)
+    group.note_poll("run/0", 5.0, 10.5)  # the other waits ended more than two intervals ago
+    assert group.polled.keys() == {"run/0"} and group.rate == pytest.approx(0.2)
+    assert not group.lists(0.5, 10.5)
+    assert not group.idle(20.5) and group.idle(20.6)  # then the last wait ended too: dropped
+
+
+def test_a_refused_or_oversized_folder_uses_head_for_a_while_then_lists_again() -> None:
+    group = KeyGroup("run/")
+    for i in range(200):
+        group.note_poll(f"run/{i}", 5.0, 0.0)
+    assert group.head_only(1.0, f"it holds more than {MAX_LISTING_PAGES} pages of objects")
+    assert not group.head_only(2.0, "again")  # reported once
+    assert not group.lists(0.5, 1.0 + HEAD_ONLY_SECONDS - 0.1)
+    assert group.lists(0.5, 1.0 + HEAD_ONLY_SECONDS)
