@@ -76,6 +76,9 @@ class Batch:
     through: dict[TopicPartition, int]
     #: The log end offsets when the batch was cut, if asked for (a watcher's first starting point).
     ends: dict[TopicPartition, int] | None = None
+    #: Partitions whose log was cut back below the stream (a topic created again): the offsets
+    #: start over, from ``start``, whatever a watermark says.
+    cut_back: set[TopicPartition] = dataclasses.field(default_factory=set)
 
 
 class TopicsStream:
@@ -263,10 +266,19 @@ class TopicsStream:
                     position = max(position if position is not None else 0, feed.positions[tp])
                 if position is not None:
                     through[tp] = position
-        # A partition first seen in this batch appeared after the stream started: read from its beginning.
-        start = {tp: self._start.get(tp, 0) for tp in through}
+        start: dict[TopicPartition, int] = {}
+        cut_back: set[TopicPartition] = set()
+        for tp, position in through.items():
+            # A partition first seen in this batch appeared after the stream started: from its beginning.
+            begin = self._start.get(tp, 0)
+            if position < begin:
+                # The log was cut back below us (the topic was created again): the shared reader
+                # resumed at the first message stamped at or after the last one it saw.
+                begin = min((m.offset for m in messages if (m.topic, m.partition) == tp), default=position)
+                cut_back.add(tp)
+            start[tp] = begin
         self._start.update(through)
-        return Batch(messages, start, through, ends)
+        return Batch(messages, start, through, ends, cut_back)
 
     async def _ends(self) -> dict[TopicPartition, int]:
         tps = [tp for topic in self._placed for tp in self.readers[topic].positions]

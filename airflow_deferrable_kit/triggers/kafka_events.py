@@ -215,6 +215,8 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
             else:
                 state = {"offsets": portable_offsets(batch.ends)}  # the starting point
         own = self._position if self._position is not None else dict(native_offsets(state["offsets"]))
+        for tp in batch.cut_back:  # the topic was created again: its offsets start over
+            own[tp] = min(own.get(tp, 0), batch.start[tp])
         # Partitions where the batch continues from this watcher's position; elsewhere it left a gap.
         covered = {tp for tp, start in batch.start.items() if start <= own.get(tp, 0)}
         payloads = []
