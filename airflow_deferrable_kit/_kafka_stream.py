@@ -140,11 +140,8 @@ class TopicsStream:
             if elsewhere is not None:
                 self._everywhere = min(elsewhere, self._everywhere if self._everywhere is not None else elsewhere)
             return False
-        known = set(self._start) | set(self.waiter.cursor) | {tp for r in self.readers.values() for tp in r.positions}
         targets: dict[TopicPartition, int] = {}
-        for tp in known | set(asked):
-            if tp.topic not in self._placed:
-                continue
+        for tp in self._positions() | {tp for tp in asked if tp.topic in self._placed}:
             start = self._start.get(tp, 0)
             wanted = asked.get(tp, elsewhere)
             targets[tp] = start if wanted is None else min(wanted, start)
@@ -189,13 +186,25 @@ class TopicsStream:
         if self._reseek:
             self._reseek = False
             await self.own_pace.close_all()
-        messages = self._drain()
-        read_own = await self._catch_up(messages)
-        if not messages and not read_own and not wants_ends:
-            await self._wait(timeout, interrupt)
-            self._place()
+        try:
+            messages = self._drain()
+            read_own = await self._catch_up(messages)
+            if not messages and not read_own and not wants_ends:
+                await self._wait(timeout, interrupt)
+                self._place()
+            ends = await self._ends() if wants_ends else None
+        except BaseException:
+            # What was taken for this batch is dropped with it: read it again next time.
+            self._reset({tp: self._start.get(tp, 0) for tp in self._positions()})
+            raise
         messages.extend(self._drain())
-        return self._cut(messages, await self._ends() if wants_ends else None)
+        return self._cut(messages, ends)
+
+    def _positions(self) -> set[TopicPartition]:
+        """Every partition of the placed topics the stream has a position in."""
+        tps = set(self._start) | set(self.waiter.cursor)
+        tps.update(tp for topic in self._placed for tp in self.readers[topic].positions)
+        return {tp for tp in tps if tp.topic in self._placed}
 
     async def resolve(self) -> None:
         """Wait until the broker said whether each topic exists; raise a topic's fatal error."""

@@ -386,3 +386,33 @@ def test_the_example_dag_parses_and_airflow_would_attach_its_watcher() -> None:
     assert [value.dag_id for value in namespace.values() if isinstance(value, DAG)] == [
         "example_load_announced_batches"
     ]
+
+
+async def test_a_read_that_fails_midway_is_read_again_nothing_skipped(
+    bootstrap: str, kafka_conn: str, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiokafka.errors import KafkaConnectionError
+
+    from airflow_deferrable_kit._kafka_stream import TopicsStream
+
+    async with WatcherHarness() as first:
+        watch = await first.start(watcher(topic, kafka_conn))
+        await started(watch)
+    backlog = await produce(bootstrap, topic, *(Message({"n": i}, partition=i % 3) for i in range(30)))
+    original = TopicsStream._catch_up
+    failures: list[int] = []
+
+    async def fails_once_after_reading(self: TopicsStream, messages: list[Any]) -> bool:
+        read = await original(self, messages)
+        if messages and not failures:
+            failures.append(len(messages))
+            raise KafkaConnectionError("the broker went away mid-read")  # a fault a real broker cannot time
+        return read
+
+    monkeypatch.setattr(TopicsStream, "_catch_up", fails_once_after_reading)
+    async with WatcherHarness(stores=first.stores) as second:
+        watch = await second.start(watcher(topic, kafka_conn, max_backoff=0.2))
+        await watch.wait_for_events(30)
+        await quiet()
+    assert failures and failures[0] > 0
+    assert coordinates(watch) == sorted(backlog)  # each once: the failed read's messages were read again
