@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from aiokafka import TopicPartition
 
     from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
+
+log = logging.getLogger(__name__)
 
 #: The most messages (and value bytes) a stream queues from the shared reader between two
 #: batches; past either it leaves the reader and reads on at its own pace, batch by batch.
@@ -76,9 +79,6 @@ class Batch:
     through: dict[TopicPartition, int]
     #: The log end offsets when the batch was cut, if asked for (a watcher's first starting point).
     ends: dict[TopicPartition, int] | None = None
-    #: Partitions whose log was cut back below the stream (a topic created again): the offsets
-    #: start over, from ``start``, whatever a watermark says.
-    cut_back: set[TopicPartition] = dataclasses.field(default_factory=set)
 
 
 class TopicsStream:
@@ -100,6 +100,7 @@ class TopicsStream:
         self._everywhere: int | None = None
         #: Set by a rewind: the consumers of our own stand at the old positions.
         self._reseek = False
+        self._cut_back: set[TopicPartition] = set()
         self.rewinds = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -134,19 +135,18 @@ class TopicsStream:
         from aiokafka import TopicPartition
 
         asked = {TopicPartition(*tp): offset for tp, offset in offsets.items()}
-        if not self._placed:
-            for tp, offset in asked.items():
+        for tp, offset in asked.items():  # topics not placed yet: applied when they are
+            if tp.topic not in self._placed:
                 self._requested[tp] = min(offset, self._requested.get(tp, offset))
-            if elsewhere is not None:
-                self._everywhere = min(elsewhere, self._everywhere if self._everywhere is not None else elsewhere)
-            return False
+        if elsewhere is not None and any(topic not in self._placed for topic in self.readers):
+            self._everywhere = min(elsewhere, self._everywhere if self._everywhere is not None else elsewhere)
         targets: dict[TopicPartition, int] = {}
         for tp in self._positions() | {tp for tp in asked if tp.topic in self._placed}:
             start = self._start.get(tp, 0)
             wanted = asked.get(tp, elsewhere)
             targets[tp] = start if wanted is None else min(wanted, start)
-        if all(targets[tp] >= self._start.get(tp, 0) for tp in targets):
-            return False
+        if all(target >= self._start.get(tp, 0) for tp, target in targets.items()):
+            return False  # (nothing placed yet: targets is empty)
         self._reset(targets)
         self.rewinds += 1
         return True
@@ -275,19 +275,24 @@ class TopicsStream:
                     position = max(position if position is not None else 0, feed.positions[tp])
                 if position is not None:
                     through[tp] = position
-        start: dict[TopicPartition, int] = {}
-        cut_back: set[TopicPartition] = set()
+        # A partition first seen in this batch appeared after the stream started: from its beginning.
+        start = {tp: self._start.get(tp, 0) for tp in through}
         for tp, position in through.items():
-            # A partition first seen in this batch appeared after the stream started: from its beginning.
-            begin = self._start.get(tp, 0)
-            if position < begin:
-                # The log was cut back below us (the topic was created again): the shared reader
-                # resumed at the first message stamped at or after the last one it saw.
-                begin = min((m.offset for m in messages if (m.topic, m.partition) == tp), default=position)
-                cut_back.add(tp)
-            start[tp] = begin
+            if position < start[tp] and tp not in self._cut_back:
+                # The shared reader found the log end below it and moved back (a leader change,
+                # a broker misreport, a topic created again). The watchers go on from their own
+                # watermarks: what they fired never fires again, and a topic created again fires
+                # only the messages past them.
+                self._cut_back.add(tp)
+                log.warning(
+                    "Kafka %s[%d]: the log end went below the watched position %d; each watcher goes on from its "
+                    "own watermark (if the topic was created again, its messages below the watermark do not fire)",
+                    tp.topic, tp.partition, start[tp],
+                )  # fmt: skip
+            elif position >= start[tp]:
+                self._cut_back.discard(tp)
         self._start.update(through)
-        return Batch(messages, start, through, ends, cut_back)
+        return Batch(messages, start, through, ends)
 
     async def _ends(self) -> dict[TopicPartition, int]:
         tps = [tp for topic in self._placed for tp in self.readers[topic].positions]

@@ -106,6 +106,7 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
                 )
         super().validate()
         self.start_after_ms = None  # the wait's "now"; a watcher has no start moment
+        self.topics = sorted(self.topics)  # the same topics in any order: the same watcher and watermark
         self._stream: TopicsStream | None = None
         self._predicate_ready = self.predicate is None
         self._awaiting_baseline = False
@@ -124,7 +125,7 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
 
     def stream_identity(self) -> Any:
         """The connection, topics and value format: watchers of them share one read, whatever they accept."""
-        return {"kafka_conn_id": self.kafka_conn_id, "topics": sorted(self.topics), "value_format": self.value_format}
+        return {"kafka_conn_id": self.kafka_conn_id, "topics": self.topics, "value_format": self.value_format}
 
     # ---------------------------------------------------------------------- the shared look
     async def poll(self, board: Board) -> Batch:
@@ -215,21 +216,22 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
             else:
                 state = {"offsets": portable_offsets(batch.ends)}  # the starting point
         own = self._position if self._position is not None else dict(native_offsets(state["offsets"]))
-        for tp in batch.cut_back:  # the topic was created again: its offsets start over
-            own[tp] = min(own.get(tp, 0), batch.start[tp])
         # Partitions where the batch continues from this watcher's position; elsewhere it left a gap.
         covered = {tp for tp, start in batch.start.items() if start <= own.get(tp, 0)}
         payloads = []
+        moved = dict(own)
         for message in batch.messages:
             tp = (message.topic, message.partition)  # a TopicPartition is this tuple
-            if tp not in covered or message.offset < own.get(tp, 0):
+            # Judged already (also within this batch: the shared reader may have moved back and
+            # handed the same messages out again).
+            if tp not in covered or message.offset < moved.get(tp, 0):
                 continue
+            moved[tp] = message.offset + 1
             payload = await self._judge(message)
             if payload is not None:
                 payloads.append(payload)
-        moved = dict(own)
         for tp in covered:
-            moved[tp] = max(own.get(tp, 0), batch.through[tp])
+            moved[tp] = max(moved.get(tp, 0), batch.through[tp])
         if len(covered) < len(batch.start) and self._board is not None:
             self._ask_rewind(self._board, own)
         self._position = moved
