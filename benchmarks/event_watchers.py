@@ -196,12 +196,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--poll-interval", type=float, default=5.0)
     parser.add_argument("--hold", type=float, default=20.0)
+    parser.add_argument("--freeze-gc", action="store_true", help="kafka: gc.freeze() after start-up in each process")
     args = parser.parse_args()
     logging.disable(logging.INFO)  # a thousand "Watching ..." lines are not the measurement
     if args.kind == "kafka":
         from benchmarks.event_watchers_kafka import side_by_side
 
-        print(json.dumps(side_by_side(args.n, args.poll_interval, args.hold)))
+        print(json.dumps(side_by_side(args.n, args.poll_interval, args.hold, freeze_gc=args.freeze_gc)))
         return
     print(json.dumps(asyncio.run(measure(args.kind, args.n, args.poll_interval, args.hold))))
 
