@@ -33,6 +33,7 @@ _EVENT_MODULES: dict[str, tuple[str, ...]] = {
     "s3": ("s3_events",),
     "postgres": ("postgres_events",),
     "http": ("http_events",),
+    "kafka": ("kafka_events",),
     "base": ("events",),
 }
 

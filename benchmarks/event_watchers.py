@@ -1,4 +1,4 @@
-"""Event watchers: N assets watched in one triggerer loop, all on one S3 prefix or one table.
+"""Event watchers: N assets watched in one triggerer loop, all on one S3 prefix, table or topic.
 
 Each watcher is the kit's event trigger with its own pattern (S3: ``drop/*-<i>.csv``) or its own
 condition (Postgres: ``dataset = 'd<i>'``), run the way Airflow 3.3's triggerer runs
@@ -20,6 +20,9 @@ object or row was written).
 Usage::
 
     PYTHONPATH=. python -m benchmarks.event_watchers --kind s3 --n 1000 --poll-interval 5 --hold 20
+
+``--kind kafka``: the kit's and the official provider's Kafka watchers side by side on one topic
+(see :mod:`benchmarks.event_watchers_kafka`).
 """
 
 from __future__ import annotations
@@ -189,12 +192,18 @@ async def _measure(kind: str, up: dict[str, Any], n: int, interval: float, hold:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("s3", "postgres"), required=True)
+    parser.add_argument("--kind", choices=("s3", "postgres", "kafka"), required=True)
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--poll-interval", type=float, default=5.0)
     parser.add_argument("--hold", type=float, default=20.0)
+    parser.add_argument("--freeze-gc", action="store_true", help="kafka: gc.freeze() after start-up in each process")
     args = parser.parse_args()
     logging.disable(logging.INFO)  # a thousand "Watching ..." lines are not the measurement
+    if args.kind == "kafka":
+        from benchmarks.event_watchers_kafka import side_by_side
+
+        print(json.dumps(side_by_side(args.n, args.poll_interval, args.hold, freeze_gc=args.freeze_gc)))
+        return
     print(json.dumps(asyncio.run(measure(args.kind, args.n, args.poll_interval, args.hold))))
 
 

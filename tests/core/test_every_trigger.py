@@ -63,6 +63,11 @@ EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
         "key_column": "id",
         "success": [{"column": "status", "equals": "done"}],
     },
+    "KafkaMessageEventTrigger": {
+        "kafka_conn_id": "events",
+        "topics": ["orders", "refunds"],
+        "acceptors": [{"state": "success", "matcher": "key", "comparator": "equals", "expected": "eu"}],
+    },
 }
 
 
