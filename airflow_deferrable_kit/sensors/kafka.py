@@ -129,8 +129,9 @@ class KafkaMessageSensor(DeferrableSensor):
             "the official AwaitMessageTriggerFunctionSensor never ends: it calls the function in a worker on "
             "each match and defers again. Here a wait ends on its match: use KafkaMessageSensor and a downstream "
             "task to act once, or, to act on every matching message, schedule a DAG on an Asset whose "
-            "AssetWatcher watches the topic (Airflow's MessageQueueTrigger with a 'kafka://' queue) and run the "
-            "function there, one DAG run per message"
+            "AssetWatcher watches the topic with airflow_deferrable_kit.triggers.kafka_events."
+            "KafkaMessageEventTrigger (the same topics, kafka_conn_id and conditions) and run the function "
+            "there, one DAG run per message"
         ),
     }
     ui_color = "#e8e1f5"
