@@ -323,6 +323,6 @@ def test_the_look_again_can_say_not_yet_or_fail(serve: Serve, connection: Conn) 
         task.execute_complete(make_context(task), run(deferred_trigger(waiting)), **waiting.value.kwargs)
     assert isinstance(paused.value.trigger, DateTimeTrigger)
     assert paused.value.kwargs == waiting.value.kwargs
-    with pytest.raises(WaitFailedError, match="authorization: .*returned 403"):  # a 403 fails, as the trigger's would
+    with pytest.raises(WaitFailedError, match=r"authorization: .*returned 403"):  # a 403 fails, as the trigger's would
         task.execute_complete(make_context(task), run(deferred_trigger(waiting)), **waiting.value.kwargs)
     assert len(server.requests) == 4

@@ -45,7 +45,7 @@ def test_http_official_response_check_ports_unchanged_and_keeps_deferring() -> N
     trigger = sensor.build_trigger(deadline=None)
     assert trigger.include_response is True  # the event carries the response for the worker
     assert trigger.not_yet_codes == [404]
-    with pytest.raises(ValueError, match="end_from_trigger=True cannot be combined with.*response_check"):
+    with pytest.raises(ValueError, match=r"end_from_trigger=True cannot be combined with.*response_check"):
         HttpBatchReadySensor(task_id="http", endpoint="x", response_check=bool, end_from_trigger=True)
     with pytest.raises(TypeError, match="response_check must be a callable taking the response"):
         HttpBatchReadySensor(task_id="http", endpoint="x", response_check="pkg.mod:fn")
