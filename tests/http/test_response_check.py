@@ -64,43 +64,49 @@ def run(trigger: HttpBatchReadyTrigger) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ not yet, then ready
 def test_a_false_answer_re_defers_within_the_same_deadline_then_true_succeeds(serve: Serve, connection: Conn) -> None:
-    server, conn = api(serve, connection, states("pending", "pending", "ready"))
-    calls: list[int] = []
+    pending = lambda: reply(200, {"state": "pending"})  # noqa: E731
+    server, conn = api(
+        serve,
+        connection,
+        script(pending, pending, lambda: reply(404), pending, lambda: reply(200, {"state": "ready"})),
+    )
+    calls: list[str] = []
 
     def check(response: Any) -> bool:
-        calls.append(response.status_code)
+        calls.append(response.json()["state"])
         return is_ready(response)
 
     task = sensor(conn, response_check=check)
     context = make_context(task)
-    with pytest.raises(TaskDeferred) as paused:  # the first look, in the worker: pending
+    with pytest.raises(TaskDeferred) as paused:  # the first look, in the worker: pending, refused
         task.execute(context)
     assert isinstance(paused.value.trigger, DateTimeTrigger)
     deadline = paused.value.kwargs["deadline"]
 
-    with pytest.raises(TaskDeferred) as waiting:
+    with pytest.raises(TaskDeferred) as paused_again:  # after the pause the worker looks itself: refused
+        task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
+    assert isinstance(paused_again.value.trigger, DateTimeTrigger)
+    assert paused_again.value.kwargs == {"deadline": deadline}  # the clock is not restarted
+    assert paused_again.value.trigger.deadline == deadline
+
+    with pytest.raises(TaskDeferred) as waiting:  # the look says not yet (404): wait in the triggerer
         task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
     trigger = deferred_trigger(waiting)
     assert trigger.deadline == deadline and trigger.include_response is True
 
     event = run(trigger)  # the trigger's candidate: a 2xx, body still "pending"
     assert event["status"] == "success" and event["response"]["complete"] is True
-    with pytest.raises(TaskDeferred) as paused_again:
+    with pytest.raises(TaskDeferred) as paused_third:
         task.execute_complete(context, event, deadline=deadline)
-    assert isinstance(paused_again.value.trigger, DateTimeTrigger)
-    assert paused_again.value.kwargs == {"deadline": deadline}  # the clock is not restarted
-    assert paused_again.value.trigger.deadline == deadline
+    assert isinstance(paused_third.value.trigger, DateTimeTrigger)
+    assert paused_third.value.kwargs == {"deadline": deadline}
 
-    with pytest.raises(TaskDeferred) as waiting_again:
-        task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
-    assert deferred_trigger(waiting_again).deadline == deadline
-    result = task.execute_complete(context, run(deferred_trigger(waiting_again)), deadline=deadline)
-
+    result = task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
     assert result["status"] == "success" and result["status_code"] == 200
     assert "response" not in result  # the response travels for the check, never as the XCom
     assert json.loads(result["body_excerpt"]) == {"state": "ready"}
-    assert calls == [200, 200, 200]
-    assert len(server.requests) == 3  # one request per look: the event carried the body
+    assert calls == ["pending", "pending", "pending", "ready"]
+    assert len(server.requests) == 5  # one request per look: the event carried the body
 
 
 def test_the_deadline_passing_while_paused_times_the_task_out(serve: Serve, connection: Conn) -> None:
