@@ -7,7 +7,8 @@
   process leases under :data:`SESSION_KEY` (see :mod:`airflow_deferrable_kit.clients`); a
   connection's credentials are applied per request, so waits on unrelated connections share it.
 * :func:`send` makes one request and returns a :class:`Response`, read up to a byte cap and
-  released back to the pool before anything is evaluated.
+  released back to the pool before anything is evaluated; :func:`send_shared` lets identical
+  requests (:func:`request_identity`) sent within a short window share one response.
 * :func:`classify_aiohttp_error` is the one place aiohttp's exceptions become our transient or
   fatal errors; :func:`is_transient_status` says which HTTP statuses are worth retrying.
 
@@ -31,8 +32,10 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import is_sensitive_key
 from airflow_deferrable_kit._redact import register as register_secret
+from airflow_deferrable_kit._shared_polls import SharedAnswers
 from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
 from airflow_deferrable_kit.connections import get_connection, get_extra
 from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
@@ -401,6 +404,79 @@ async def send(
             truncated=truncated,
             charset=resp.charset,
         )
+
+
+#: Responses identical requests share, one registry per event loop (see :func:`send_shared`).
+_shared_responses: PerLoop[SharedAnswers] = PerLoop(SharedAnswers)
+
+
+def request_identity(
+    session: aiohttp.ClientSession,
+    target: Target,
+    method: str,
+    url: URL,
+    *,
+    json_body: Any,
+    timeout: float,
+    max_body_bytes: int,
+) -> tuple[Any, ...]:
+    """Everything that shapes a response: requests equal in all of it may share one.
+
+    The URL (scheme, host, port, path, query), the method, every header sent (the connection's
+    extras and its ``Authorization``, so waits with different credentials never share), the
+    body as sent, TLS verification, the proxy, and how the response is read (the timeout and
+    the byte cap). It lives in memory only, never in a payload or a log line.
+    """
+    body = None if json_body is None else json.dumps(json_body)  # the bytes aiohttp sends
+    return (
+        id(session),
+        method,
+        str(url),
+        tuple(sorted(target.headers.items())),
+        body,
+        target.ssl,  # True, False or a context (cached per CA bundle, so equal settings share one)
+        target.proxy,
+        timeout,
+        max_body_bytes,
+    )
+
+
+async def send_shared(
+    session: aiohttp.ClientSession,
+    target: Target,
+    method: str,
+    url: URL,
+    *,
+    json_body: Any,
+    timeout: float,
+    max_body_bytes: int,
+    max_age: float,
+    seen: int | None = None,
+) -> Response:
+    """:func:`send`, or the response of an identical request started at most ``max_age`` s ago.
+
+    N waits polling one URL with the same connection cost about one request per window, not N
+    (rules in :mod:`airflow_deferrable_kit._shared_polls`). The :class:`Response` is shared
+    read-only: each wait evaluates its own conditions on it. A failed request is never reused,
+    and each wait that shared it gets its error to classify and back off from on its own;
+    cancelling one wait does not cancel the request the others wait for. ``seen``, the ``id()`` of
+    the response the caller got last, is never handed to it again (the caller keeps no reference).
+    """
+    what = request_identity(
+        session, target, method, url, json_body=json_body, timeout=timeout, max_body_bytes=max_body_bytes
+    )
+
+    def fetch() -> Any:
+        return send(session, target, method, url, json_body=json_body, timeout=timeout, max_body_bytes=max_body_bytes)
+
+    shared = _shared_responses.get()
+    response: Response = await shared.share(what, fetch, max_age=max_age, seen=seen)
+    return response
+
+
+def shared_responses() -> SharedAnswers:
+    """The running loop's shared responses (for tests and diagnostics)."""
+    return _shared_responses.get()
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:

@@ -37,12 +37,13 @@ RESULTS = HERE / "results.json"
 REPORT = HERE / "RESULTS.md"
 START, END = "<!-- tables:start -->", "<!-- tables:end -->"
 
-HAS_OFFICIAL = {"s3", "s3-one-prefix", "s3-shared-prefix", "http", "kafka", "kafka-topics", "datetime"}
+HAS_OFFICIAL = {"s3", "s3-one-prefix", "s3-shared-prefix", "http", "http-one-url", "kafka", "kafka-topics", "datetime"}
 OFFICIAL_NAME = {
     "s3": "amazon S3KeyTrigger",
     "s3-one-prefix": "amazon S3KeyTrigger (wildcard)",
     "s3-shared-prefix": "amazon S3KeyTrigger",
     "http": "http HttpSensorTrigger",
+    "http-one-url": "http HttpSensorTrigger (one URL)",
     "kafka": "apache-kafka AwaitMessageTrigger",
     "kafka-topics": "apache-kafka AwaitMessageTrigger",
     "datetime": "standard DateTimeTrigger",

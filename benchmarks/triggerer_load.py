@@ -34,6 +34,9 @@ S3 layouts: ``s3`` puts every key under its own prefix (``own/{i}/data.csv``); `
 waits with wildcard patterns ``shared/*-{i:05d}.csv`` under one prefix; ``s3-shared-prefix`` waits
 on exact keys ``shared/k-{i:05d}.csv`` (no wildcard) under one prefix. Both one-prefix layouts
 also hold ``SHARED_OTHER_OBJECTS`` unrelated objects under ``shared/``.
+HTTP layouts: ``http`` gives wait ``i`` its own URL (``/ready/{i}``); ``http-one-url`` puts every
+wait on one URL (``/ready/0``, the same connection and request), where the kit's waits share
+responses; its result adds ``requests_served``, the requests the server answered over the run.
 
 Kafka layouts: ``kafka`` puts every wait on one topic (``bench``, 4 partitions); ``kafka-topics``
 puts wait ``i`` on topic ``bench-{i % topics}`` (``--topics``, default one topic per wait, as the
@@ -65,7 +68,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("s3", "s3-one-prefix", "s3-shared-prefix", "http", "postgres", "kafka", "kafka-topics", "datetime")
+KINDS = (
+    "s3",
+    "s3-one-prefix",
+    "s3-shared-prefix",
+    "http",
+    "http-one-url",
+    "postgres",
+    "kafka",
+    "kafka-topics",
+    "datetime",
+)
 BUCKET = "bench"
 TOPIC = "bench"
 #: ``kafka-topics``: wait ``i`` is on topic ``bench-{i % topics}``, each of this many partitions.
@@ -202,7 +215,7 @@ def servers(kind: str):  # type: ignore[no-untyped-def]
     if kind.startswith("s3"):
         with bench_server("s3") as (url, _, pid):
             yield url, pid
-    elif kind == "http":
+    elif kind in ("http", "http-one-url"):
         with bench_server("http") as (url, _, pid):
             yield url, pid
     elif kind == "postgres":
@@ -228,6 +241,8 @@ def topic_of(kind: str, i: int, topics: int) -> str:
 
 async def _flipper(kind: str, n: int, endpoint: str, topics: int = 0, unrelated: int = 0) -> None:
     out = sys.stdout
+    if kind == "http-one-url":
+        kind = "http"  # the same server and flip: one URL or many is the waits' choice
     loop = asyncio.get_running_loop()
     if kind.startswith("s3"):
         import boto3
@@ -336,7 +351,7 @@ def connections(kind: str, impl: str, endpoint: str | None, n: int) -> dict[str,
                 "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"},
             }
         )
-    elif kind == "http":
+    elif kind in ("http", "http-one-url"):
         host, port = endpoint.removeprefix("http://").split(":")  # type: ignore[union-attr]
         env["AIRFLOW_CONN_BENCH_HTTP"] = json.dumps(
             {"conn_type": "http", "host": host, "port": int(port), "schema": "http"}
@@ -363,7 +378,7 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
     if impl == "kit":
         if kind.startswith("s3"):
             from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger as cls
-        elif kind == "http":
+        elif kind in ("http", "http-one-url"):
             from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger as cls  # type: ignore[assignment]
         elif kind == "postgres":
             from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger as cls  # type: ignore[assignment]
@@ -381,6 +396,8 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
                 kw = {"bucket_key": f"shared/k-{i:05d}.csv", "bucket_name": BUCKET}
             elif kind == "http":
                 kw = {"http_conn_id": "bench_http", "endpoint": f"ready/{i}"}
+            elif kind == "http-one-url":
+                kw = {"http_conn_id": "bench_http", "endpoint": "ready/0"}
             elif kind == "postgres":
                 kw = {"postgres_conn_id": "bench_pg", "table": "markers", "match": {"id": i}}
             elif kind.startswith("kafka"):
@@ -420,6 +437,10 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
         from airflow.providers.http.triggers.http import HttpSensorTrigger as ocls  # type: ignore[assignment]
 
         made = [ocls(endpoint=f"ready/{i}", http_conn_id="bench_http", poke_interval=poll) for i in range(n)]
+    elif kind == "http-one-url":
+        from airflow.providers.http.triggers.http import HttpSensorTrigger as ocls  # type: ignore[assignment]
+
+        made = [ocls(endpoint="ready/0", http_conn_id="bench_http", poke_interval=poll) for _ in range(n)]
     elif kind.startswith("kafka"):
         from airflow.providers.apache.kafka.triggers.await_message import AwaitMessageTrigger as ocls  # type: ignore[assignment]
 
@@ -680,6 +701,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             sys.stdout = real_stdout
         result["server_pid"] = server_pid
+        if args.kind == "http-one-url":  # every request of the run, warm-up and events included
+            result["requests_served"] = served_requests("http", endpoint)
     line = json.dumps(result)
     print(line, flush=True)
     if args.out:

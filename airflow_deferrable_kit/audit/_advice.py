@@ -47,7 +47,11 @@ class Equivalent:
 _KIT = "airflow_deferrable_kit.sensors."
 _DATETIME = Equivalent(_KIT + "temporal.DateTimeSensor")
 _S3 = Equivalent(_KIT + "s3.S3KeySensor")
-_HTTP = Equivalent(_KIT + "http.HttpBatchReadySensor", "a response_check becomes success=/failure= acceptors")
+_HTTP = Equivalent(
+    _KIT + "http.HttpBatchReadySensor",
+    "a response_check keeps deferring (judged in the worker on resume)",
+    end_note="not with a response_check: say it as success=/failure= acceptors",
+)
 _POSTGRES = Equivalent(_KIT + "postgres.PostgresBatchMarkerSensor", "PostgreSQL databases only")
 _KAFKA = Equivalent(_KIT + "kafka.KafkaMessageSensor", end_note="not with commit_on_match=True")
 

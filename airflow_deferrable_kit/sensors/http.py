@@ -1,11 +1,25 @@
-"""Wait until an HTTP endpoint says a batch is ready, deferrable, with readiness declared as data."""
+"""Wait until an HTTP endpoint says a batch is ready, deferrable, with readiness declared as data.
+
+The official ``response_check`` callable is taken too and still defers: the trigger finds a
+candidate (a response the conditions accept), the event carries that response, and the callable
+judges it in the worker on resume, as a ``requests.Response`` (see
+:meth:`HttpBatchReadySensor.accepts_in_worker`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+import asyncio
+import base64
+import dataclasses
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from airflow.sdk import Context, PokeReturnValue
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_deferrable_kit.conditions import Acceptor, ConditionSet
+from airflow_deferrable_kit.payload import SUCCESS
 from airflow_deferrable_kit.sensors.base import (
     DeferrableSensor,
     OfficialRefusal,
@@ -19,8 +33,16 @@ from airflow_deferrable_kit.triggers.http import (
     DEFAULT_REQUEST_TIMEOUT,
     MATCHERS,
     HttpBatchReadyTrigger,
+    joined_headers,
     refine_status,
 )
+
+if TYPE_CHECKING:
+    import requests
+
+#: What the worker reads of a body it fetches again for ``response_check``: all of it, as the
+#: official sensor does (``max_body_bytes`` bounds what the triggerer reads).
+WHOLE_BODY: Final = sys.maxsize - 1
 
 
 def _refine_unless_templated(acceptor: Acceptor, where: str) -> Acceptor:
@@ -47,6 +69,12 @@ class HttpBatchReadySensor(DeferrableSensor):
     :param acceptors: the same rules in canonical form
         (``{"state", "matcher", "argument", "comparator", "expected"}``), tried first.
     :param predicate: ``"pkg.module:function"`` for what data cannot express (sync or async).
+    :param response_check: the official sensor's callable, run in the worker on each response the
+        conditions accept: ``response_check(response)``, plus the context keys its signature names
+        (or all of them with ``**context``), as the official sensor calls it. ``response`` is a
+        ``requests.Response``. A falsy answer waits on (after one ``poke_interval``) within the
+        same ``timeout``; a ``PokeReturnValue`` says done with ``is_done`` and its ``xcom_value``
+        becomes the XCom; an exception fails the task. Not with ``end_from_trigger=True``.
 
     With no success condition and no predicate, any 2xx response no condition decided is ready.
     Other parameters (``endpoint``, ``method``, ``query``, ``json_body``, ``not_yet_codes``,
@@ -63,11 +91,6 @@ class HttpBatchReadySensor(DeferrableSensor):
             "put headers in the connection extras (each extra key other than the options is sent as a header, "
             "or an extra 'headers' object): as an argument they would be stored in plain text in the trigger table"
         ),
-        "response_check": (
-            "a callable cannot cross to the triggerer; declare readiness as data with success=[...], "
-            "failure=[...] or retry=[...], or name a function with predicate='pkg.module:function' "
-            "(it receives a dict with status_code, headers, text and json)"
-        ),
         "extra_options": unless_empty(
             "set TLS and proxy in the connection extras ('verify', 'proxy' or 'proxies') and the request "
             "timeout with request_timeout=; other requests options have no equivalent"
@@ -83,6 +106,8 @@ class HttpBatchReadySensor(DeferrableSensor):
     }
     template_fields: Sequence[str] = ("http_conn_id", "endpoint", "method", "query", "json_body", "acceptors")
     template_fields_renderers = {"query": "json", "json_body": "json", "acceptors": "json"}
+
+    include_response: bool
 
     def __init__(
         self,
@@ -102,8 +127,17 @@ class HttpBatchReadySensor(DeferrableSensor):
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         excerpt_chars: int = DEFAULT_EXCERPT_CHARS,
+        response_check: Callable[..., bool | PokeReturnValue] | None = None,
         **kwargs: Any,
     ) -> None:
+        if response_check is not None and not callable(response_check):
+            raise TypeError(
+                f"response_check must be a callable taking the response (a requests.Response), got {response_check!r}"
+            )
+        self.response_check = response_check
+        self._local_response: Any = None  # the response of a look in this worker (poke, first look)
+        self._fresh_payload: dict[str, Any] | None = None  # a look again here, for a body left out
+        self._check_xcom: tuple[Any] | None = None  # a PokeReturnValue's xcom_value
         # One canonical list on the trigger, whatever mix of sugar and canonical form was given,
         # checked by HTTP's rules under the names the user wrote.
         canonical = ConditionSet.canonicalise(
@@ -133,3 +167,147 @@ class HttpBatchReadySensor(DeferrableSensor):
             **optional,
             **kwargs,
         )
+
+    # ------------------------------------------------------------ response_check, in the worker
+    def checks_in_worker(self) -> str | None:
+        return "response_check" if self.response_check is not None else None
+
+    def trigger_params(self) -> dict[str, Any]:
+        params = super().trigger_params()
+        params["include_response"] = bool(params.get("include_response")) or self.response_check is not None
+        return params
+
+    def resume_after_pause(self, context: Context, event: dict[str, Any], deadline: str) -> Any:
+        """After a refused candidate's pause: look once here before deferring to the wait again.
+
+        The task is on a worker already, and the refused response is most likely still there: a
+        trigger deferred now would fire at its first poll, a second after the deferral, which
+        costs a round trip and races Airflow 3.3.2's bookkeeping of the worker that just
+        deferred (the task instance was failed under us in an end-to-end run). So the worker asks
+        itself: a candidate goes to ``response_check`` (a refusal pauses again), "not yet" defers.
+        """
+        if self.response_check is not None and _is_success(event):
+            payload = self._poll_in_worker()
+            if payload is not None:
+                if not self._stands(payload, context):
+                    self.pause_then_defer(deadline)
+                return self.finish(payload)
+        return super().resume_after_pause(context, event, deadline)
+
+    def _worker_trigger(self, **overrides: Any) -> HttpBatchReadyTrigger:
+        """The wait's trigger for a look from the worker, keeping the response for ``response_check``."""
+        trigger = self.build_trigger(deadline=None)
+        assert isinstance(trigger, HttpBatchReadyTrigger)
+        if overrides:
+            trigger = dataclasses.replace(trigger, **overrides)
+        trigger.keep_last_response = self.response_check is not None
+        return trigger
+
+    def _poll_in_worker(self) -> dict[str, Any] | None:
+        trigger = self._worker_trigger()
+        payload = asyncio.run(trigger.poll_once())
+        self._local_response = trigger.last_response if _is_success(payload) else None
+        return payload
+
+    def accepts_in_worker(self, payload: dict[str, Any], context: Context) -> bool:
+        """The official ``response_check`` on the response the trigger accepted.
+
+        It gets a ``requests.Response`` (``status_code``, ``reason``, ``url``, ``headers``,
+        ``content``, ``text``, ``json()``, ``ok``, ``raise_for_status()``) built from the event, or,
+        when the body could not travel in it whole (see
+        :func:`~airflow_deferrable_kit.triggers.http.response_for_event`), from the same request
+        sent again here, read to the end and held to the same conditions first (a "not yet" there
+        waits on). Exceptions are the official sensor's: ``silent_fail`` logs one and waits on,
+        ``never_fail`` skips, anything else fails the task.
+        """
+        assert self.response_check is not None
+        response = self._response_to_check(payload)
+        if response is None:
+            return False
+        from airflow.sdk.bases.decorator import determine_kwargs  # what the official sensor calls
+
+        try:
+            answer = self.response_check(response, **determine_kwargs(self.response_check, [response], context))
+        except AirflowSkipException:
+            raise
+        except Exception:
+            if getattr(self, "silent_fail", False):
+                self.log.exception("response_check raised; taken as not yet (silent_fail)")
+                return False
+            if self.never_fail:
+                raise AirflowSkipException("Skipping: response_check raised (never_fail)") from None
+            raise
+        if isinstance(answer, PokeReturnValue):
+            if answer.is_done:
+                self._check_xcom = (answer.xcom_value,)
+            return bool(answer.is_done)
+        return bool(answer)
+
+    def _response_to_check(self, payload: dict[str, Any]) -> requests.Response | None:
+        local, self._local_response = self._local_response, None
+        if local is not None and not local.truncated:
+            url = payload.get("url", "")
+            return requests_response(local.status, local.reason, url, joined_headers(local), local.body)
+        record = payload.get("response")
+        cut = any(str(c.get("path", "")).startswith("$.response") for c in payload.get("truncated") or [])
+        if isinstance(record, dict) and record.get("complete") and isinstance(record.get("content"), str) and not cut:
+            body = base64.b64decode(record["content"])
+            return requests_response(record["status_code"], record["reason"], record["url"], record["headers"], body)
+        self.log.info("The response's body did not travel whole in the event; sending the request again here")
+        return self._fetch_again()
+
+    def _fetch_again(self) -> requests.Response | None:
+        """The same request once more, read whole: ``None`` if the answer is not a success now."""
+        trigger = self._worker_trigger(max_body_bytes=WHOLE_BODY)
+        payload = asyncio.run(trigger.poll_once())
+        if payload is None:
+            return None  # not yet, or a transient error: wait on
+        if not _is_success(payload):
+            self.finish(payload)  # raises: the error fails the task as the trigger's would
+        response = trigger.last_response
+        assert response is not None
+        self._fresh_payload = payload
+        url = payload.get("url", "")
+        return requests_response(response.status, response.reason, url, joined_headers(response), response.body)
+
+    def finish(self, payload: Any) -> Any:
+        """As every sensor, minus the ``response`` block added for ``response_check`` (never an XCom).
+
+        A ``PokeReturnValue`` from ``response_check`` makes its ``xcom_value`` the XCom, as officially.
+        """
+        if _is_success(payload) and self.response_check is not None:
+            xcom, self._check_xcom = self._check_xcom, None
+            fresh, self._fresh_payload = self._fresh_payload, None
+            payload = fresh or payload
+            if not self.include_response:
+                payload = {key: value for key, value in payload.items() if key != "response"}
+            if xcom is not None:
+                self.log.info("Condition met: %s; response_check returned the XCom", payload)
+                return xcom[0]
+        return super().finish(payload)
+
+
+def _is_success(payload: Any) -> bool:
+    return isinstance(payload, dict) and payload.get("status") == SUCCESS
+
+
+def requests_response(status: int, reason: str, url: str, headers: Mapping[str, str], body: bytes) -> requests.Response:
+    """A ``requests.Response`` as requests' own adapter builds one, for a callable written for it.
+
+    The body is set as the content already read (as the official provider's
+    ``HttpResponseSerializer`` does), and the encoding is what requests derives from the headers,
+    so ``text`` and ``json()`` answer as they would for the official sensor. No cookies, history
+    or ``elapsed``.
+    """
+    import requests
+    from requests.structures import CaseInsensitiveDict
+    from requests.utils import get_encoding_from_headers
+
+    response = requests.Response()
+    response.status_code = status
+    response.reason = reason
+    response.url = url
+    response.headers = CaseInsensitiveDict(headers)
+    response.encoding = get_encoding_from_headers(response.headers)
+    response._content = body
+    return response

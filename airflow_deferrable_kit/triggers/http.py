@@ -6,12 +6,15 @@ from the Airflow connection inside the triggerer and are applied per request, so
 hold none and one pooled keep-alive session serves every trigger in the process.
 
 How a connection becomes a request, the shared session, the response and aiohttp's errors live
-in :mod:`airflow_deferrable_kit._http_client`; this module decides what a response means.
+in :mod:`airflow_deferrable_kit._http_client`; this module decides what a response means. Waits
+sending the identical request within a short window share one response (``send_shared``), and
+each judges it by its own conditions.
 Neither imports ``aiohttp`` at module level, so the sensor imports without the ``http`` extra.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
@@ -31,9 +34,10 @@ from airflow_deferrable_kit._http_client import (
     open_session,
     parse_retry_after,
     resolve_target,
-    send,
+    send_shared,
 )
-from airflow_deferrable_kit._redact import redact
+from airflow_deferrable_kit._redact import redact, redact_value
+from airflow_deferrable_kit._shared_polls import reuse_window
 from airflow_deferrable_kit.conditions import (
     DEFAULT,
     MISSING,
@@ -45,7 +49,7 @@ from airflow_deferrable_kit.conditions import (
     parse_path,
 )
 from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, TransientError, WaitError
-from airflow_deferrable_kit.payload import cap_value, truncate_text
+from airflow_deferrable_kit.payload import cap_value, json_size, truncate_text
 from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
 
 #: Matchers an HTTP acceptor may use, and whether each takes an argument.
@@ -63,6 +67,11 @@ MAX_VALUE_CHARS: Final = 1000
 #: Consecutive 2xx answers whose body is not JSON, while a path condition needs it, taken as
 #: "not yet" (a proxy's or load balancer's HTML page during a deploy) before the wait fails.
 MAX_UNREADABLE_BODIES: Final = 5
+#: Most of a body, in bytes, a success event carries for a check in the worker (``include_response``);
+#: base64 makes it about 43 KiB of the 64 KiB payload. A larger body is left out and fetched again there.
+RESPONSE_BODY_EVENT_BYTES: Final = 32 * 1024
+#: Most the response headers may take in such an event, as JSON; more and the response is left out.
+RESPONSE_HEADERS_EVENT_BYTES: Final = 8 * 1024
 
 
 class _Unreadable(Exception):
@@ -91,6 +100,9 @@ class HttpBatchReadyTrigger(PollingTrigger):
     :param request_timeout: seconds for one request, including waiting for a pooled socket.
     :param max_body_bytes: most of a body read; a larger one cannot be evaluated as JSON.
     :param excerpt_chars: length of the body excerpt in payloads and error messages.
+    :param include_response: put the whole response (status, reason, headers, body) in the success
+        payload under ``response``, for a check that runs in the worker (the sensor's
+        ``response_check``); see :func:`response_for_event` for when the body is left out.
     """
 
     http_conn_id: str = "http_default"
@@ -105,6 +117,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     excerpt_chars: int = DEFAULT_EXCERPT_CHARS
+    include_response: bool = False
     poll_interval: float = 60.0
 
     extra: ClassVar[str | None] = "http"
@@ -140,7 +153,13 @@ class HttpBatchReadyTrigger(PollingTrigger):
         chars = self.excerpt_chars
         if isinstance(chars, bool) or not isinstance(chars, int) or not 0 <= chars <= MAX_EXCERPT_CHARS:
             raise ValueError(f"excerpt_chars must be an integer from 0 to {MAX_EXCERPT_CHARS}, got {chars!r}")
+        if not isinstance(self.include_response, bool):
+            raise ValueError(f"include_response must be true or false, got {self.include_response!r}")
         self._unreadable_bodies = 0
+        #: Set by the sensor's worker path: keep the last response for a check in the worker.
+        self.keep_last_response = False
+        self.last_response: Response | None = None
+        self._seen: int | None = None  # id() of the response the last poll judged: never judged twice
         self._target: Target | None = None
         self._hold_off: float | None = None
         self._last: str | None = None
@@ -175,17 +194,24 @@ class HttpBatchReadyTrigger(PollingTrigger):
     # ------------------------------------------------------------------------ polling
     async def check(self) -> Found | None:
         response, safe_url, method = await self.fetch()
+        if self.keep_last_response:
+            self.last_response = response
         return await self.evaluate(response, safe_url=safe_url, method=method)
 
     async def fetch(self) -> tuple[Response, str, str]:
-        """Send the request once: the response, its URL without credentials, and the method."""
+        """Send the request once: the response, its URL without credentials, and the method.
+
+        An identical request (same connection settings, method, URL, headers, body, timeout and
+        body cap) started within :func:`~airflow_deferrable_kit._shared_polls.reuse_window` of
+        this wait's poll interval answers instead, in flight or just finished.
+        """
         # The session first: its factory imports aiohttp (and yarl) off the loop.
         session = await self.lease(SESSION_KEY, open_session, close_session)
         if self._target is None:
             self._target = await resolve_target(self.http_conn_id)
         method = self.method.upper()
         url = self._target.url(self.endpoint, self.query)
-        response = await send(
+        response = await send_shared(
             session,
             self._target,
             method,
@@ -193,7 +219,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
             json_body=self.json_body,
             timeout=float(self.request_timeout),
             max_body_bytes=int(self.max_body_bytes),
+            max_age=reuse_window(float(self.poll_interval)),
+            seen=self._seen,
         )
+        self._seen = id(response)
         return response, str(url.with_user(None)), method
 
     def as_event_trigger(self, **options: Any) -> BaseEventTrigger:
@@ -242,6 +271,8 @@ class HttpBatchReadyTrigger(PollingTrigger):
                     for path, parts in self._select_paths.items()
                 }
             data["body_excerpt"] = response.excerpt(int(self.excerpt_chars))
+            if self.include_response:
+                data["response"] = response_for_event(response, safe_url)
             return Found(data)
         if state == "failure":
             raise ConditionFailed(
@@ -357,6 +388,41 @@ class HttpBatchReadyTrigger(PollingTrigger):
         return classify_aiohttp_error(exc) or super().classify_error(exc)
 
 
+def joined_headers(response: Response) -> dict[str, str]:
+    """The response's headers as one value per name, repeated ones joined with ``", "`` as requests does."""
+    headers: Any = response.headers  # aiohttp's multidict: getall gives every value of a name
+    return {name: ", ".join(headers.getall(name)) for name in dict.fromkeys(headers.keys())}
+
+
+def response_for_event(response: Response, url: str) -> dict[str, Any]:
+    """The response as a check in the worker needs it, as JSON: what a ``requests.Response`` is built from.
+
+    ``status_code``, ``reason``, ``url`` (without credentials), ``headers`` (repeated ones joined
+    with ``", "``, as requests joins them) and ``content``, the body's bytes in base64. The body
+    travels only whole and as it was sent: ``content`` is ``None`` and ``complete`` false when it
+    was not read to the end (``max_body_bytes``), is over :data:`RESPONSE_BODY_EVENT_BYTES`, or
+    holds a known secret (which the payload would mask), and when the headers are over
+    :data:`RESPONSE_HEADERS_EVENT_BYTES` or hold one. The worker then fetches the response again
+    rather than judge a part of it.
+    """
+    headers = joined_headers(response)
+    whole = (
+        not response.truncated
+        and len(response.body) <= RESPONSE_BODY_EVENT_BYTES
+        and json_size(headers) <= RESPONSE_HEADERS_EVENT_BYTES
+        and redact_value(headers) == headers
+        and redact(response.decoded) == response.decoded
+    )
+    return {
+        "status_code": response.status,
+        "reason": response.reason,
+        "url": url,
+        "headers": headers if json_size(headers) <= RESPONSE_HEADERS_EVENT_BYTES else {},
+        "content": base64.b64encode(response.body).decode("ascii") if whole else None,
+        "complete": whole,
+    }
+
+
 def status_error_type(status: int) -> ErrorType:
     """The vocabulary's name for an error status (the status itself is in the payload)."""
     if status == 401 or status == 407:
@@ -409,6 +475,8 @@ __all__ = [
     "MATCHERS",
     "HttpBatchReadyTrigger",
     "as_status",
+    "joined_headers",
     "parse_retry_after",
     "refine_status",
+    "response_for_event",
 ]

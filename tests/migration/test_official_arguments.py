@@ -33,6 +33,25 @@ def test_http_official_names_reach_the_trigger() -> None:
     assert "request_params" not in sensor._BaseOperator__init_kwargs  # type: ignore[attr-defined]
 
 
+def test_http_official_response_check_ports_unchanged_and_keeps_deferring() -> None:
+    sensor = HttpBatchReadySensor(
+        task_id="http",
+        endpoint="batches/1",
+        request_params={"day": "2026-01-01"},
+        response_check=lambda response: response.json()["state"] == "ready",
+        response_error_codes_allowlist=["404"],
+        deferrable=True,
+    )
+    assert sensor.checks_in_worker() == "response_check"
+    trigger = sensor.build_trigger(deadline=None)
+    assert trigger.include_response is True  # the event carries the response for the worker
+    assert trigger.not_yet_codes == [404]
+    with pytest.raises(ValueError, match=r"end_from_trigger=True cannot be combined with.*response_check"):
+        HttpBatchReadySensor(task_id="http", endpoint="x", response_check=bool, end_from_trigger=True)
+    with pytest.raises(TypeError, match="response_check must be a callable taking the response"):
+        HttpBatchReadySensor(task_id="http", endpoint="x", response_check="pkg.mod:fn")
+
+
 def test_sql_conn_id_is_postgres_conn_id() -> None:
     sensor = PostgresBatchMarkerSensor(task_id="sql", conn_id="warehouse", sql="SELECT count(*) FROM t")
     assert sensor.postgres_conn_id == "warehouse"
@@ -95,11 +114,6 @@ REFUSED = [
         HttpBatchReadySensor,
         {"endpoint": "x", "headers": {"X-Token": "t"}},
         r"headers= of the official HttpSensor.*plain text in the trigger table",
-    ),
-    (
-        HttpBatchReadySensor,
-        {"endpoint": "x", "response_check": lambda response: True},
-        r"response_check=.*success=\[\.\.\.\].*predicate=",
     ),
     (
         HttpBatchReadySensor,
