@@ -349,16 +349,21 @@ class DeferrableSensor(BaseSensorOperator):
         )
 
     def resume_after_pause(self, context: Context, event: dict[str, Any], deadline: str) -> Any:
-        """After :meth:`pause_then_defer`: wait again, or end on the deadline that passed meanwhile."""
+        """After :meth:`pause_then_defer`: look again, or end on the deadline that passed meanwhile.
+
+        The task is on a worker already and the refused candidate is most likely still there: a
+        trigger deferred at once would fire at its first poll, a moment after the deferral, which
+        costs a round trip and races Airflow 3.3.2's bookkeeping of the worker that just deferred
+        (the scheduler can fail a task instance whose trigger fired before it processed that
+        worker's exit). So the worker looks once itself first, as :meth:`execute` does.
+        """
         if isinstance(event, dict) and event.get("status") == SUCCESS:
-            self.defer_until(deadline)
+            return self.look_then_defer(deadline, context)
         return self.finish(event)
 
-    # ------------------------------------------------------------------------ execution
-    def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        deadline = deadline_after(self.timeout)
+    def look_then_defer(self, deadline: str, context: Context) -> Any:
+        """Look once here (``check_before_defer``): finish on an answer the worker's check lets
+        stand, pause after one it refuses, defer to the wait on "not yet"."""
         if self.check_before_defer:
             payload = self._poll_in_worker()
             if payload is not None:
@@ -366,6 +371,12 @@ class DeferrableSensor(BaseSensorOperator):
                     self.pause_then_defer(deadline)
                 return self.finish(payload)
         self.defer_until(deadline)
+
+    # ------------------------------------------------------------------------ execution
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        return self.look_then_defer(deadline_after(self.timeout), context)
 
     def defer_until(self, deadline: str) -> NoReturn:
         """Defer to the trigger with the given absolute deadline (re-deferrals pass the same one)."""

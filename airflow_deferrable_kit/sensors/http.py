@@ -177,23 +177,6 @@ class HttpBatchReadySensor(DeferrableSensor):
         params["include_response"] = bool(params.get("include_response")) or self.response_check is not None
         return params
 
-    def resume_after_pause(self, context: Context, event: dict[str, Any], deadline: str) -> Any:
-        """After a refused candidate's pause: look once here before deferring to the wait again.
-
-        The task is on a worker already, and the refused response is most likely still there: a
-        trigger deferred now would fire at its first poll, a second after the deferral, which
-        costs a round trip and races Airflow 3.3.2's bookkeeping of the worker that just
-        deferred (the task instance was failed under us in an end-to-end run). So the worker asks
-        itself: a candidate goes to ``response_check`` (a refusal pauses again), "not yet" defers.
-        """
-        if self.response_check is not None and _is_success(event):
-            payload = self._poll_in_worker()
-            if payload is not None:
-                if not self._stands(payload, context):
-                    self.pause_then_defer(deadline)
-                return self.finish(payload)
-        return super().resume_after_pause(context, event, deadline)
-
     def _worker_trigger(self, **overrides: Any) -> HttpBatchReadyTrigger:
         """The wait's trigger for a look from the worker, keeping the response for ``response_check``."""
         trigger = self.build_trigger(deadline=None)

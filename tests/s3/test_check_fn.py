@@ -1,7 +1,8 @@
 """S3KeySensor's official ``check_fn``: the trigger finds candidates, the worker has the last word.
 
 A falsy answer waits on within the same deadline: first a pause of one ``poke_interval`` in the
-triggerer (the refused objects are likely still there), then the S3 wait again.
+triggerer (the refused objects are likely still there), then a look from the worker, then the
+S3 wait again.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def big_enough(files: list[dict[str, Any]]) -> bool:
 
 
 def test_a_refusing_check_pauses_then_waits_again_within_the_same_deadline(
-    bucket_with_small_file: str, moto_conn: str
+    bucket_with_small_file: str, moto_conn: str, s3_server: services.S3Server
 ) -> None:
     task = S3KeySensor(
         task_id="wait",
@@ -58,6 +59,14 @@ def test_a_refusing_check_pauses_then_waits_again_within_the_same_deadline(
     deadline = paused.value.kwargs["deadline"]
     assert parse_deadline(paused.value.trigger.target_time) <= parse_deadline(deadline)
 
+    # After the pause the worker looks once itself: the small file is still there and still
+    # refused, so it pauses again (a trigger deferred now would fire at its first poll).
+    with pytest.raises(TaskDeferred) as paused_again:
+        task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
+    assert isinstance(paused_again.value.trigger, DateTimeTrigger)
+    assert paused_again.value.kwargs == {"deadline": deadline}
+    # Gone meanwhile: nothing to judge, so the S3 wait again, within the same deadline.
+    s3_admin(s3_server.endpoint_url, ("delete_object", {"Bucket": bucket_with_small_file, "Key": "in/a.csv"}))
     with pytest.raises(TaskDeferred) as waiting:
         task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
     assert isinstance(waiting.value.trigger, S3KeyTrigger)
