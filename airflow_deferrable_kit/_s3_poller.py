@@ -1,7 +1,8 @@
 """The one object per connection every S3 wait polls through, and the answers it shares.
 
 Waits whose patterns have the same literal prefix use one ``ListObjectsV2`` of it, started at
-most a short window (:func:`listing_reuse_window`) before their poll, and a bucket's existence
+most a short window (:func:`listing_reuse_window`, the rule of every shared poll in
+:mod:`airflow_deferrable_kit._shared_polls`) before their poll, and a bucket's existence
 is checked once for all the waits on it. A failed answer is never reused. Waits on exact keys
 of one folder share listings the same way when that is cheaper than one HEAD each
 (:meth:`S3Poller.find_object`; the rule and its bound are in
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
@@ -20,27 +20,15 @@ from typing import Any, Final
 from airflow_deferrable_kit._s3_client import classify_s3_error
 from airflow_deferrable_kit._s3_key_groups import GROUP_SWEEP_SECONDS, MAX_LISTING_PAGES, KeyGroup, folder_of
 from airflow_deferrable_kit._s3_requests import DirectRequests
+from airflow_deferrable_kit._shared_polls import REUSE_MAX as LISTING_REUSE_MAX
+from airflow_deferrable_kit._shared_polls import SharedAnswers
+from airflow_deferrable_kit._shared_polls import reuse_window as listing_reuse_window
 from airflow_deferrable_kit.payload import TransientError
 
 log = logging.getLogger(__name__)
 
-#: A poll may answer from a listing that started at most this fraction of the wait's poll
-#: interval before the poll did (and at most :data:`LISTING_REUSE_MAX` seconds before).
-LISTING_REUSE_FRACTION: Final = 0.1
-#: The longest time, in seconds, a listing may have started before a poll that uses it.
-LISTING_REUSE_MAX: Final = 1.0
 #: Seconds a bucket's existence, once confirmed, answers for every wait of the connection.
 BUCKET_CHECK_REUSE: Final = 60.0
-
-
-def listing_reuse_window(poll_interval: float) -> float:
-    """How old (from its start) a shared listing may be and still answer a wait's poll.
-
-    An object present when a listing starts is in it, so a wait that uses a listing started at
-    most this long before its own poll sees an object at most one poll interval plus this window
-    after the object appeared.
-    """
-    return min(LISTING_REUSE_MAX, LISTING_REUSE_FRACTION * poll_interval)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,19 +79,6 @@ class Listing:
         return size, etag, parse_timestamp(modified) if isinstance(modified, str) else modified
 
 
-@dataclasses.dataclass
-class _Shared:
-    """One request (or paginated listing) whose answer several waits share."""
-
-    started: float  # loop time at which its first request was about to be sent
-    task: asyncio.Task[Any]
-    waiters: int = 0
-    expiry: asyncio.TimerHandle | None = None
-
-    def failed(self) -> bool:
-        return self.task.done() and (self.task.cancelled() or self.task.exception() is not None)
-
-
 class S3Poller:
     """What every S3 wait of one connection polls through: one per connection per process.
 
@@ -118,7 +93,7 @@ class S3Poller:
         self.client = client
         self.where = where  # the connection, for errors raised before S3 answered
         self._requests = DirectRequests(client)
-        self._shared: dict[tuple[str, ...], _Shared] = {}
+        self._answers = SharedAnswers()
         self._groups: dict[tuple[str, str], KeyGroup] = {}
         self._groups_swept_at = 0.0
 
@@ -167,10 +142,10 @@ class S3Poller:
         what = ("folder", bucket, group.folder)
         loop = asyncio.get_running_loop()
         while True:
-            running = self._shared.get(what)
-            if running is None or running.task.done() or loop.time() - running.started <= window:
+            running = self._answers.in_flight(what)
+            if running is None or running[1].done() or loop.time() - running[0] <= window:
                 break
-            await asyncio.wait([running.task])
+            await asyncio.wait([running[1]])
             if not group.lists(window, loop.time()):  # that listing put the folder on HEAD
                 return None
         listing: Listing | None = await self._share(
@@ -246,44 +221,14 @@ class S3Poller:
     async def _share(
         self, what: tuple[str, ...], max_age: float, keep: float, fetch: Callable[[], Coroutine[Any, Any, Any]]
     ) -> Any:
-        """The answer of ``fetch()``, shared with every caller of the same ``what``.
-
-        An answer whose request started at most ``max_age`` seconds ago, finished or still in
-        flight, is reused; past that (or after a failure) ``fetch()`` runs again, in its own task
-        so that one caller's cancellation does not fail the others. A good answer is dropped
-        ``keep`` seconds after its start; a failed one at once, after every caller got its error.
-        """
-        loop = asyncio.get_running_loop()
-        entry = self._shared.get(what)
-        if entry is None or loop.time() - entry.started > max_age or entry.failed():
-            entry = _Shared(started=loop.time(), task=loop.create_task(fetch()))
-            self._shared[what] = entry
-            entry.task.add_done_callback(functools.partial(self._settled, what, entry, keep))
-        entry.waiters += 1
-        try:
-            return await asyncio.shield(entry.task)
-        finally:
-            entry.waiters -= 1
-            if not entry.waiters and not entry.task.done():
-                entry.task.cancel()  # every caller that wanted it was cancelled
-
-    def _settled(self, what: tuple[str, ...], entry: _Shared, keep: float, task: asyncio.Task[Any]) -> None:
-        if task.cancelled() or task.exception() is not None:  # retrieving the error marks it seen
-            self._forget(what, entry)
-            return
-        entry.expiry = asyncio.get_running_loop().call_at(entry.started + keep, self._forget, what, entry)
-
-    def _forget(self, what: tuple[str, ...], entry: _Shared) -> None:
-        if self._shared.get(what) is entry:
-            del self._shared[what]
+        """The answer of ``fetch()``, shared with every caller of the same ``what``
+        (:class:`~airflow_deferrable_kit._shared_polls.SharedAnswers`: reused while it started at
+        most ``max_age`` s ago, never after a failure, dropped ``keep`` s after its start)."""
+        return await self._answers.share(what, fetch, max_age=max_age, keep=keep)
 
     async def close(self) -> None:
         """Stop shared requests nobody waits for any more and close the client's pool."""
-        for entry in self._shared.values():
-            entry.task.cancel()
-            if entry.expiry is not None:
-                entry.expiry.cancel()
-        self._shared.clear()
+        self._answers.close()
         await self.client.close()
 
 

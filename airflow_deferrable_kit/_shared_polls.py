@@ -101,6 +101,11 @@ class SharedAnswers:
             if not entry.waiters and not entry.task.done():
                 entry.task.cancel()  # every caller that wanted it was cancelled
 
+    def in_flight(self, what: Hashable) -> tuple[float, asyncio.Task[Any]] | None:
+        """When the request held for ``what`` started (loop time) and its task, if one is held."""
+        entry = self._shared.get(what)
+        return None if entry is None else (entry.started, entry.task)
+
     def _settled(self, what: Hashable, entry: _Shared, keep: float, task: asyncio.Task[Any]) -> None:
         if task.cancelled() or task.exception() is not None:  # retrieving the error marks it seen
             self._forget(what, entry)

@@ -144,7 +144,7 @@ async def test_a_listing_answers_only_polls_within_its_window(admin: Any, bucket
         assert fresh.keys == ("win/a.csv", "win/b.csv", "win/c.csv")
         assert proxy.count("GET") == 2
         # Kept at most LISTING_REUSE_MAX seconds after it started, then dropped.
-        await settle(lambda: not poller._shared, attempts=int(LISTING_REUSE_MAX / 0.02) * 3)
+        await settle(lambda: not len(poller._answers), attempts=int(LISTING_REUSE_MAX / 0.02) * 3)
     finally:
         await poller.close()
 
