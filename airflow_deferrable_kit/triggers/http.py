@@ -331,7 +331,11 @@ class HttpBatchReadyTrigger(PollingTrigger):
                 f" (redirect to {location!r} not followed, so connection headers never leave its origin; "
                 "point the connection at the final URL)"
             )
-        return FatalError(message, error_type=status_error_type(status), details=details)
+        error_type = status_error_type(status)
+        if error_type in (ErrorType.AUTHENTICATION, ErrorType.AUTHORIZATION):
+            what = "rejected the credentials of" if error_type is ErrorType.AUTHENTICATION else "refused access to"
+            message = f"http_conn_id={self.http_conn_id!r}: the server {what} the connection: {message}"
+        return FatalError(message, error_type=error_type, details=details)
 
     def _unreadable(self, response: Response, document: Any, context: dict[str, Any]) -> None:
         """A 2xx body a path condition cannot read: not yet a few times, then a fatal error.

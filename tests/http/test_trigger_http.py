@@ -256,6 +256,7 @@ async def test_401_and_403_are_fatal_after_one_request(serve: Serve, connection:
     assert payload["error_type"] == {401: "authentication", 403: "authorization"}[code]
     assert payload["status_code"] == code
     assert '"denied"' in payload["body_excerpt"]
+    assert payload["message"].startswith(f"http_conn_id={conn!r}: the server "), payload["message"]  # names it
     assert len(server.requests) == 1
 
 
