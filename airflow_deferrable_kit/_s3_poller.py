@@ -14,24 +14,12 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
 from airflow_deferrable_kit._s3_requests import DirectRequests
+from airflow_deferrable_kit._share_window import LISTING_REUSE_FRACTION as LISTING_REUSE_FRACTION
+from airflow_deferrable_kit._share_window import LISTING_REUSE_MAX
+from airflow_deferrable_kit._share_window import listing_reuse_window as listing_reuse_window
 
-#: A poll may answer from a listing that started at most this fraction of the wait's poll
-#: interval before the poll did (and at most :data:`LISTING_REUSE_MAX` seconds before).
-LISTING_REUSE_FRACTION: Final = 0.1
-#: The longest time, in seconds, a listing may have started before a poll that uses it.
-LISTING_REUSE_MAX: Final = 1.0
 #: Seconds a bucket's existence, once confirmed, answers for every wait of the connection.
 BUCKET_CHECK_REUSE: Final = 60.0
-
-
-def listing_reuse_window(poll_interval: float) -> float:
-    """How old (from its start) a shared listing may be and still answer a wait's poll.
-
-    An object present when a listing starts is in it, so a wait that uses a listing started at
-    most this long before its own poll sees an object at most one poll interval plus this window
-    after the object appeared.
-    """
-    return min(LISTING_REUSE_MAX, LISTING_REUSE_FRACTION * poll_interval)
 
 
 @dataclasses.dataclass(frozen=True)
