@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from airflow_deferrable_kit._share_window import LISTING_REUSE_MAX
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.base import deadline_after
@@ -88,11 +89,16 @@ async def _listening(admin: asyncpg.Connection, application_name: str) -> list[a
 
 
 async def _settled(counts: list[int]) -> None:
-    """Wait until no trigger has polled for a while (all are in their long sleep)."""
+    """Wait until no trigger has polled for a while (all are in their long sleep).
+
+    A poll is answered when its batch is sent, at most one sharing window after it started, so
+    the last checks are given that long to finish.
+    """
     previous = None
     for _ in range(100):
         current = list(counts)
         if current == previous and all(current):
+            await asyncio.sleep(LISTING_REUSE_MAX + 0.2)
             return
         previous = current
         await asyncio.sleep(0.3)
