@@ -32,15 +32,22 @@ asyncpg is imported inside functions only, so this module imports without the ``
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit import clients
-from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool, pooled
+from airflow_deferrable_kit._postgres_client import (
+    classify_postgres_error,
+    close_pool,
+    open_pool,
+    pooled,
+    query_timed_out,
+)
 from airflow_deferrable_kit.payload import TransientError
 
 if TYPE_CHECKING:
@@ -55,6 +62,12 @@ BATCHABLE_KINDS = frozenset({"scalar", "range"})
 UNBATCHABLE_TYPES = frozenset({"json", "jsonb"})
 #: Names the batched statement gives its parts (``$`` keeps them apart from users' own names).
 ARGS, ROW, FIRST, WAIT = '"adk$args"', '"adk$row"', '"adk$first"', '"adk$wait"'
+
+#: Waits a batch answers per loop iteration: each then finishes its poll (a few tens of
+#: microseconds when there is no row yet), so 10,000 answers never run in one iteration.
+SETTLE_PER_TURN = 512
+#: Query texts one engine remembers (types, batched form, beat); the least recently used go first.
+MAX_SHAPES = 512
 
 _STATEMENTS = [0]
 
@@ -213,13 +226,40 @@ class BatchRow:
 
 # --------------------------------------------------------------------------------- batches
 @dataclasses.dataclass(eq=False)
+class _Ask:
+    """One set of bound values in a batch, and the futures of the waits that asked with exactly it."""
+
+    args: tuple[Any, ...]
+    futures: list[asyncio.Future[Any]] = dataclasses.field(default_factory=list)
+
+    def pending(self) -> bool:
+        return any(not future.done() for future in self.futures)
+
+
+def ask_key(args: tuple[Any, ...]) -> Hashable:
+    """What tells two waits' values apart: equal keys mean the same query, row for row.
+
+    Text and integers compare exactly; other values are told apart by type and ``repr`` too,
+    since ``Decimal("1.0") == Decimal("1")`` and ``True == 1`` yet a query may show the difference.
+    Raises ``TypeError`` for values that cannot be hashed.
+    """
+    for value in args:
+        if type(value) is not str and type(value) is not int:
+            break
+    else:
+        return args
+    key = tuple((type(value), repr(value), value) for value in args)
+    hash(key)
+    return key
+
+
+@dataclasses.dataclass(eq=False)
 class _Batch:
     """The waits of one shape whose polls fall in one window, answered together when it ends."""
 
     sql: str
     timeout: float
-    #: The waits' bound values -> the futures of the waits that asked with exactly them.
-    asks: dict[tuple[Any, ...], list[asyncio.Future[Any]]] = dataclasses.field(default_factory=dict)
+    asks: dict[Hashable, _Ask] = dataclasses.field(default_factory=dict)
     waiters: int = 0
     timer: asyncio.TimerHandle | None = None
     task: asyncio.Task[None] | None = None
@@ -246,7 +286,9 @@ class PostgresBatches:
         self.pool = pool
         self._shapes: dict[str, asyncio.Task[_Shape]] = {}
         self._gathering: dict[tuple[str, float, float], _Batch] = {}
-        self._running: set[_Batch] = set()
+        self._due: list[_Batch] = []
+        self._flush_scheduled = False
+        self._lanes: set[asyncio.Task[None]] = set()
         self._beats: dict[tuple[str, float, float, float], float] = {}
 
     # ------------------------------------------------------------------------- shapes
@@ -255,10 +297,19 @@ class PostgresBatches:
         return (await self._shape(sql, timeout)).types
 
     async def _shape(self, sql: str, timeout: float) -> _Shape:
-        task = self._shapes.get(sql)
+        task = self._shapes.pop(sql, None)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._shapes[sql] = asyncio.get_running_loop().create_task(self._prepare(sql, timeout))
+            task = asyncio.get_running_loop().create_task(self._prepare(sql, timeout))
+        self._shapes[sql] = task  # the most recently used last
+        while len(self._shapes) > MAX_SHAPES:
+            self._forget_shape(next(iter(self._shapes)))
         return await asyncio.shield(task)
+
+    def _forget_shape(self, sql: str) -> None:
+        """Drop what is known of a query text nobody asked for in a long while (it is re-learnt if needed)."""
+        self._shapes.pop(sql, None)
+        for beat in [beat for beat in self._beats if beat[0] == sql]:
+            del self._beats[beat]
 
     async def _prepare(self, sql: str, timeout: float) -> _Shape:
         import asyncpg
@@ -277,6 +328,13 @@ class PostgresBatches:
                     batched = None
         return _Shape(types, batched)
 
+    def keeps_beat(self, sql: str) -> bool:
+        """Whether the waits of ``sql`` poll on a common beat: known to batch (else each its own phase)."""
+        prepared = self._shapes.get(sql)
+        if prepared is None or not prepared.done() or prepared.cancelled() or prepared.exception() is not None:
+            return False
+        return prepared.result().batched is not None
+
     def until_next_beat(self, sql: str, *, timeout: float, interval: float, window: float) -> float:
         """Seconds until this wait's next poll, on the beat of its shape: at most ``interval``.
 
@@ -288,13 +346,13 @@ class PostgresBatches:
         later, so after one round every wait of the shape polls in the same window.
         Shapes that cannot batch keep their own phase.
         """
-        prepared = self._shapes.get(sql)
-        if prepared is None or not prepared.done() or prepared.cancelled() or prepared.exception() is not None:
-            return interval
-        if prepared.result().batched is None or interval <= 0 or window <= 0:
+        if interval <= 0 or window <= 0 or not self.keeps_beat(sql):
             return interval
         now = asyncio.get_running_loop().time()
-        beat = self._beats.setdefault((sql, timeout, interval, window), (math.floor(now / window) + 0.5) * window)
+        key = (sql, timeout, interval, window)
+        beat = self._beats.get(key)
+        if beat is None:  # the first wait to ask sets the beat: the middle of a window, an interval away
+            beat = self._beats[key] = (math.floor((now + interval) / window - 0.5) + 0.5) * window
         return (beat - now) % interval or interval
 
     # ------------------------------------------------------------------------- polls
@@ -305,11 +363,11 @@ class PostgresBatches:
         poll falls in the same window of the same shape shares it. Cancelling one wait leaves the
         batch to the others; the batch is only called off when every wait in it is gone.
         """
-        key: tuple[Any, ...] = tuple(args)
+        values = tuple(args)
         try:
-            hash(key)
+            key = ask_key(values)
         except TypeError:  # values that cannot be told apart by hashing: asked alone
-            return await self._alone(sql, key, timeout)
+            return await self._alone(sql, values, timeout)
         loop = asyncio.get_running_loop()
         fire_at = math.ceil(loop.time() / window) * window if window > 0 else loop.time()
         slot = (sql, float(timeout), fire_at)
@@ -318,7 +376,10 @@ class PostgresBatches:
             batch = self._gathering[slot] = _Batch(sql, float(timeout))
             batch.timer = loop.call_at(fire_at, self._send, slot, batch)
         future: asyncio.Future[Any] = loop.create_future()
-        batch.asks.setdefault(key, []).append(future)
+        ask = batch.asks.get(key)
+        if ask is None:
+            ask = batch.asks[key] = _Ask(values)
+        ask.futures.append(future)
         batch.waiters += 1
         try:
             return await future
@@ -340,13 +401,61 @@ class PostgresBatches:
         if self._gathering.get(slot) is batch:
             del self._gathering[slot]
         batch.timer = None
-        batch.task = asyncio.get_running_loop().create_task(self._answer(batch))
-        self._running.add(batch)
-        batch.task.add_done_callback(lambda _task: self._running.discard(batch))
+        self._due.append(batch)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
-    async def _answer(self, batch: _Batch) -> None:
+    def _flush(self) -> None:
+        """Send the batches due now (every shape's of this window) over a few pooled connections.
+
+        Each lane takes one connection for all its batches, one after another: the waits on a
+        hundred tables cost a hundred statements per round but only a few hand-outs (and
+        resets) of pooled connections, not a hundred.
+        """
+        self._flush_scheduled = False
+        due, self._due = self._due, []
+        lanes = max(1, min(len(due), int(self.pool.get_max_size())))
+        loop = asyncio.get_running_loop()
+        for lane in range(lanes):
+            task = loop.create_task(self._lane(due[lane::lanes]))
+            self._lanes.add(task)
+            task.add_done_callback(self._lanes.discard)
+
+    async def _lane(self, batches: list[_Batch]) -> None:
+        """Answer ``batches`` in turn on one pooled connection (a fresh one after a called-off batch)."""
+        waiting = collections.deque(batches)
+        while waiting:
+            try:
+                async with pooled(self.pool, min(batch.timeout for batch in waiting)) as connection:
+                    while waiting:
+                        batch = waiting[0]
+                        if any(ask.pending() for ask in batch.asks.values()):
+                            batch.task = asyncio.get_running_loop().create_task(self._answer(batch, connection))
+                            try:
+                                await asyncio.wait({batch.task})
+                            except asyncio.CancelledError:  # the engine is closing
+                                batch.task.cancel()
+                                raise
+                        waiting.popleft()
+                        if batch.task is not None and batch.task.cancelled():  # called off in flight
+                            raise _CalledOff  # the connection may still be busy with it
+                        if batch.task is not None and batch.task.exception() is not None:  # a bug: say so
+                            for ask in batch.asks.values():
+                                _settle(ask, error=batch.task.exception())
+            except _CalledOff:
+                continue  # pooled() dropped or released the connection as for any cancelled query
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # no connection: every batch still waiting gets the error
+                for batch in waiting:
+                    for ask in batch.asks.values():
+                        _settle(ask, error=exc)
+                return
+
+    async def _answer(self, batch: _Batch, connection: Any) -> None:
         """Ask the server once for the whole batch, and hand every wait its own row or error."""
-        asks = {key: futures for key, futures in batch.asks.items() if any(not f.done() for f in futures)}
+        asks = [ask for ask in batch.asks.values() if ask.pending()]
         if not asks:
             return
         try:
@@ -354,64 +463,73 @@ class PostgresBatches:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            for futures in asks.values():
-                _settle(futures, error=exc)
+            for ask in asks:
+                _settle(ask, error=exc)
             return
         if len(asks) == 1 or shape.batched is None:
-            await self._one_by_one(batch, asks)
+            await self._one_by_one(batch, asks, connection)
             return
-        keys = list(asks)
-        columns = [list(column) for column in zip(*keys, strict=True)]
+        columns = [list(column) for column in zip(*(ask.args for ask in asks), strict=True)]
         try:
-            async with pooled(self.pool, batch.timeout) as connection:
-                _count()
-                records = await connection.fetch(shape.batched, *columns, list(range(len(keys))), timeout=batch.timeout)
+            _count()
+            records = await connection.fetch(shape.batched, *columns, list(range(len(asks))), timeout=batch.timeout)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if not _is_transient(exc):  # maybe one wait's fault: only that wait gets the error
                 log.debug("A batch of %d Postgres waits failed (%s); asking each alone", len(asks), exc)
-                await self._one_by_one(batch, asks)
+                await self._one_by_one(batch, asks, connection)
                 return
-            for futures in asks.values():
-                _settle(futures, error=exc)
+            error = query_timed_out(batch.timeout) if isinstance(exc, asyncio.TimeoutError) else exc
+            for ask in asks:
+                _settle(ask, error=error)
             return
         rows = {record[len(record) - 1]: BatchRow(record) for record in records}
-        for number, key in enumerate(keys):
-            _settle(asks[key], rows.get(number))
+        for number, ask in enumerate(asks):
+            if number and not number % SETTLE_PER_TURN:
+                await asyncio.sleep(0)  # the waits answered so far run before the next ones are
+            _settle(ask, rows.get(number))
 
-    async def _alone(self, sql: str, key: Sequence[Any], timeout: float) -> Any:
-        """One wait's own query, exactly as it runs unbatched."""
+    async def _alone(self, sql: str, args: Sequence[Any], timeout: float) -> Any:
+        """One wait's own query on a connection of its own, exactly as it runs unbatched."""
         async with pooled(self.pool, timeout) as connection:
             _count()
-            return await connection.fetchrow(sql, *key, timeout=timeout)
+            return await connection.fetchrow(sql, *args, timeout=timeout)
 
-    async def _one_by_one(self, batch: _Batch, asks: dict[tuple[Any, ...], list[asyncio.Future[Any]]]) -> None:
+    async def _one_by_one(self, batch: _Batch, asks: list[_Ask], connection: Any) -> None:
         """Ask each wait's query alone (a lone wait, a shape that cannot batch, a failed batch)."""
-        for key, futures in asks.items():
-            if all(f.done() for f in futures):
+        for ask in asks:
+            if not ask.pending():
                 continue
             try:
-                row = await self._alone(batch.sql, key, batch.timeout)
+                _count()
+                row = await connection.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
             except asyncio.CancelledError:
                 raise
+            except asyncio.TimeoutError:
+                _settle(ask, error=query_timed_out(batch.timeout))
             except Exception as exc:
-                _settle(futures, error=exc)
+                _settle(ask, error=exc)
             else:
-                _settle(futures, row)
+                _settle(ask, row)
 
     async def close(self) -> None:
         """Stop every batch (nobody waits for one any more) and give back the pool."""
-        for batch in [*self._gathering.values(), *self._running]:
+        for batch in [*self._gathering.values(), *self._due]:
             if batch.timer is not None:
                 batch.timer.cancel()
-            if batch.task is not None:
-                batch.task.cancel()
+        for lane in list(self._lanes):
+            lane.cancel()
         self._gathering.clear()
+        self._due.clear()
         for task in self._shapes.values():
             task.cancel()
         self._shapes.clear()
         await clients.release(_pool_key(self.conn_id))
+
+
+class _CalledOff(asyncio.CancelledError):
+    """A lane's batch was called off in flight: its connection is given back as a cancelled query's."""
 
 
 def _is_transient(exc: Exception) -> bool:
@@ -422,8 +540,8 @@ def _is_transient(exc: Exception) -> bool:
     return isinstance(classify_postgres_error(exc), TransientError)
 
 
-def _settle(futures: list[asyncio.Future[Any]], row: Any = None, *, error: BaseException | None = None) -> None:
-    for future in futures:
+def _settle(ask: _Ask, row: Any = None, *, error: BaseException | None = None) -> None:
+    for future in ask.futures:
         if future.done():
             continue
         if error is not None:

@@ -386,15 +386,22 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         if not self._batching:
             return await self._fetch_alone()
         conn_id, timeout = self.postgres_conn_id, float(self.statement_timeout)
-        batches: PostgresBatches = await self.lease(
-            ("postgres-batches", conn_id), lambda: open_batches(conn_id), close_batches
-        )
-        self._batches = batches
+        batches = self._batches
+        if batches is None:  # leased once, held until the wait ends
+            batches = self._batches = await self.lease(
+                ("postgres-batches", conn_id), lambda: open_batches(conn_id), close_batches
+            )
         if self._bound is None:
             types = await batches.parameter_types(self._sql, timeout)
             self._bound = coerce_arguments(self._args, types, self._labels)
         window = listing_reuse_window(float(self.poll_interval))
-        return await batches.fetch_row(self._sql, self._bound, timeout=timeout, window=window)
+        row = await batches.fetch_row(self._sql, self._bound, timeout=timeout, window=window)
+        if row is not None:
+            # The waits of a batch are answered in the same instant: those with a row to judge
+            # and a payload to build take turns, so 10,000 markers appearing together do not
+            # build 10,000 payloads in one iteration of the loop.
+            await self.clock.sleep(0)
+        return row
 
     def next_poll_delay(self) -> float:
         """The poll interval, shortened to the beat of the wait's shape when it polls in batches."""
@@ -407,6 +414,12 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             interval=interval,
             window=listing_reuse_window(interval),
         )
+
+    def phase(self, delay: float) -> float:
+        """No random phase for a wait that polls in batches: its shape's beat is its phase."""
+        if self._batching and self._batches is not None and self._batches.keeps_beat(self._sql):
+            return delay
+        return super().phase(delay)
 
     async def _fetch_alone(self) -> Any:
         """Run the query once on a pooled connection, held only for this query."""

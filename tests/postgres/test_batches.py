@@ -7,6 +7,8 @@ there) and, for the batched statement, from what the server saw in ``pg_stat_act
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import decimal
 import time
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 from airflow_deferrable_kit import _postgres_batches
 from airflow_deferrable_kit._postgres_batches import (
     PostgresBatches,
+    ask_key,
     batched_statement,
     close_batches,
     open_batches,
@@ -48,9 +51,9 @@ class Sent:
         self.batches: list[tuple[str, str, int]] = []
         original = PostgresBatches._answer
 
-        async def answer(engine: PostgresBatches, batch: Any) -> None:
+        async def answer(engine: PostgresBatches, batch: Any, connection: Any) -> None:
             self.batches.append((engine.conn_id, batch.sql, len(batch.asks)))
-            await original(engine, batch)
+            await original(engine, batch, connection)
 
         monkeypatch.setattr(PostgresBatches, "_answer", answer)
 
@@ -66,6 +69,15 @@ def test_placeholders_are_rewritten_only_outside_literals_comments_and_names() -
         "SELECT '$1', E'it\\'s $1', $tag$ $1 $tag$, $$ $2 $$, \"col$1\", a$1 -- $1\n"
         "/* $1 /* nested $2 */ $1 */ FROM t WHERE x = <1> AND y = <2>::date AND z = <12>"
     )
+
+
+def test_values_that_compare_equal_but_read_differently_are_asked_apart() -> None:
+    assert ask_key(("a", 1)) == ("a", 1)
+    assert ask_key((decimal.Decimal("1.0"),)) != ask_key((decimal.Decimal("1"),))
+    assert ask_key((True,)) != ask_key((1,)) and ask_key((1.0,)) != ask_key((1,))
+    assert ask_key((dt.date(2024, 1, 31), None)) == ask_key((dt.date(2024, 1, 31), None))
+    with pytest.raises(TypeError):
+        ask_key(({"a": 1},))
 
 
 def test_shapes_with_array_or_json_parameters_are_not_batched() -> None:
@@ -114,7 +126,7 @@ async def test_one_statement_answers_a_window_and_cancelling_one_ask_leaves_the_
         slow = f"SELECT batch_id FROM {markers}, pg_sleep(0.3) WHERE batch_id = $1 LIMIT 1"
         await engine.parameter_types(slow, 10)
         first, second = (asyncio.ensure_future(engine.fetch_row(slow, [k], timeout=10, window=0.05)) for k in "ab")
-        await until(lambda: bool(engine._running))
+        await until(lambda: bool(engine._lanes))
         await asyncio.sleep(0.1)
         first.cancel()
         assert (await second)["batch_id"] == "b"
