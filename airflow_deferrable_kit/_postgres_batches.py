@@ -19,6 +19,11 @@ are the parameter types the server inferred for the wait's own query, so values 
 would be alone. Declarative waits (``table=``) and custom queries (``sql=``) with the same text
 and different parameters batch alike; waits with identical values share one element.
 
+The waits of a shape keep one beat (:meth:`PostgresBatches.until_next_beat`), so after their
+first poll they fall in the same window every round: one statement per shape per round. The
+batches due at the same moment (one per shape: a hundred tables, a hundred batches) go out over
+a few lanes, each one pooled connection taken once for its batches in turn.
+
 What is not batched, and runs one query per wait as before: a shape whose parameters include an
 array, a composite or a JSON value, and a query the server refuses inside the lateral form (the
 batched statement is prepared once per shape to find out). A batch that fails for a reason that
@@ -338,13 +343,12 @@ class PostgresBatches:
     def until_next_beat(self, sql: str, *, timeout: float, interval: float, window: float) -> float:
         """Seconds until this wait's next poll, on the beat of its shape: at most ``interval``.
 
-        Waits start at random phases (deferred at different moments, spread by the polling
-        loop), so each window of a round would hold a few of them and a shape spread thin
-        (10 waits on each of 100 tables) would cost one statement per wait after all. Each
-        shape and interval has a beat instead, one per ``interval``, in the middle of a
-        window: every wait polls at the last beat before its own poll would be due, never
-        later, so after one round every wait of the shape polls in the same window.
-        Shapes that cannot batch keep their own phase.
+        Waits start at different moments, so each window of a round would hold a few of them
+        and a shape spread thin (10 waits on each of 100 tables) would cost one statement per
+        wait after all. Each shape and interval has a beat instead, one per ``interval``, in
+        the middle of a window: every wait polls at the last beat before its own poll would be
+        due, never later, so from their second poll on the waits of a shape poll in the same
+        window. Shapes that cannot batch keep their own (random) phase.
         """
         if interval <= 0 or window <= 0 or not self.keeps_beat(sql):
             return interval
