@@ -288,10 +288,7 @@ async def pooled(pool: asyncpg.Pool, timeout: float) -> AsyncIterator[Any]:
         try:
             yield connection
         except asyncio.TimeoutError as exc:
-            raise TransientError(
-                f"the query ran longer than statement_timeout={timeout}s and was cancelled",
-                error_type=ErrorType.UNAVAILABLE,
-            ) from exc
+            raise query_timed_out(timeout) from exc
     except asyncio.CancelledError:
         cancelled = True
         await release_cancelled(pool, connection)
@@ -299,6 +296,13 @@ async def pooled(pool: asyncpg.Pool, timeout: float) -> AsyncIterator[Any]:
     finally:
         if not cancelled:
             await pool.release(connection)
+
+
+def query_timed_out(timeout: float) -> TransientError:
+    """The error of a query still running after the statement timeout (asyncpg cancelled it)."""
+    return TransientError(
+        f"the query ran longer than statement_timeout={timeout}s and was cancelled", error_type=ErrorType.UNAVAILABLE
+    )
 
 
 async def release_cancelled(pool: asyncpg.Pool, connection: Any) -> None:

@@ -7,7 +7,9 @@ poll use the answer of an identical request that started at most a short window 
 then judges that answer by its own conditions, so sharing changes what is sent, never what a
 wait decides.
 
-The rules are the S3 poller's for shared listings (``airflow_deferrable_kit._s3_poller``):
+:func:`reuse_window` is also the window of the S3 poller's shared listings
+(``airflow_deferrable_kit._s3_poller``, which shares through :class:`SharedAnswers` too) and of
+the Postgres waits' batched statements (``airflow_deferrable_kit._postgres_batches``). The rules:
 
 * the window is a tenth of the wait's poll interval, at most one second, so a wait sees a change
   at most one poll interval plus that window after it happened;

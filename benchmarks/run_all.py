@@ -37,13 +37,26 @@ RESULTS = HERE / "results.json"
 REPORT = HERE / "RESULTS.md"
 START, END = "<!-- tables:start -->", "<!-- tables:end -->"
 
-HAS_OFFICIAL = {"s3", "s3-one-prefix", "s3-shared-prefix", "http", "http-one-url", "kafka", "kafka-topics", "datetime"}
+HAS_OFFICIAL = {
+    "s3",
+    "s3-one-prefix",
+    "s3-shared-prefix",
+    "http",
+    "http-one-url",
+    "postgres",
+    "postgres-tables",
+    "kafka",
+    "kafka-topics",
+    "datetime",
+}
 OFFICIAL_NAME = {
     "s3": "amazon S3KeyTrigger",
     "s3-one-prefix": "amazon S3KeyTrigger (wildcard)",
     "s3-shared-prefix": "amazon S3KeyTrigger",
     "http": "http HttpSensorTrigger",
     "http-one-url": "http HttpSensorTrigger (one URL)",
+    "postgres": "naive one-connection-per-wait trigger (benchmarks/naive_postgres.py)",
+    "postgres-tables": "naive one-connection-per-wait trigger (benchmarks/naive_postgres.py)",
     "kafka": "apache-kafka AwaitMessageTrigger",
     "kafka-topics": "apache-kafka AwaitMessageTrigger",
     "datetime": "standard DateTimeTrigger",
@@ -290,7 +303,7 @@ def tables(results: list[dict[str, Any]]) -> str:
         if net_pct(r, ticker(r)) >= MIN_CPU_PCT and net_pct(o, ticker(o)) >= MIN_CPU_PCT and kit_cpu and off_cpu:
             cpu_ratio: float | None = off_cpu / kit_cpu
             cpu_text = f"{fmt(cpu_ratio)}x {ok(cpu_ratio >= 3)}"
-        elif r["kind"].startswith("kafka") and net_pct(o, ticker(o)) >= MIN_CPU_PCT and off_cpu:
+        elif r["kind"].startswith(("kafka", "postgres")) and net_pct(o, ticker(o)) >= MIN_CPU_PCT and off_cpu:
             # The kit is below the resolution (its CPU is at most MIN_CPU_PCT): the measured ratio is
             # shown, and judged only by its floor (official ÷ MIN_CPU_PCT).
             floor = net_pct(o, ticker(o)) / MIN_CPU_PCT

@@ -75,6 +75,7 @@ KINDS = (
     "http",
     "http-one-url",
     "postgres",
+    "postgres-tables",
     "kafka",
     "kafka-topics",
     "datetime",
@@ -86,6 +87,8 @@ TOPIC_PARTITIONS = 2
 #: Topics created per admin request when the flipper fills the broker.
 TOPICS_PER_REQUEST = 500
 SHARED_OTHER_OBJECTS = 100
+#: ``postgres-tables``: wait ``i`` is on table ``markers_{i % POSTGRES_TABLES}`` (``postgres``: ``markers``).
+POSTGRES_TABLES = 100
 #: Kinds whose every poll is exactly one request (waits on one S3 prefix share listings).
 POLL_IS_ONE_REQUEST = ("s3", "http")
 #: stderr prefix of the steady-state figures, printed before the flip.
@@ -93,6 +96,24 @@ HOLD_PREFIX = "HOLD "
 
 
 # ------------------------------------------------------------------------------ measuring
+def table_of(kind: str, i: int) -> str:
+    """The marker table wait ``i`` is on."""
+    return "markers" if kind == "postgres" else f"markers_{i % POSTGRES_TABLES}"
+
+
+def statements_sent(kind: str, impl: str) -> int | None:
+    """Statements the Postgres triggers of this process have sent so far (else ``None``)."""
+    if not kind.startswith("postgres"):
+        return None
+    if impl == "kit":
+        from airflow_deferrable_kit._postgres_batches import statement_count
+
+        return statement_count()
+    from benchmarks.naive_postgres import STATEMENTS
+
+    return STATEMENTS[0]
+
+
 def rss_kb() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -207,8 +228,8 @@ def bench_server(name: str):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def servers(kind: str):  # type: ignore[no-untyped-def]
-    """Start what ``kind`` needs; yield (endpoint, server pid or None)."""
+def servers(kind: str, sessions: int = 0):  # type: ignore[no-untyped-def]
+    """Start what ``kind`` needs; yield (endpoint, server pid or None); ``sessions``: Postgres connections needed."""
     sys.path.insert(0, str(ROOT))
     from scripts import services
 
@@ -218,8 +239,8 @@ def servers(kind: str):  # type: ignore[no-untyped-def]
     elif kind in ("http", "http-one-url"):
         with bench_server("http") as (url, _, pid):
             yield url, pid
-    elif kind == "postgres":
-        with services.postgres() as pg:
+    elif kind.startswith("postgres"):
+        with services.postgres(max_connections=max(200, sessions + 50)) as pg:
             yield pg.dsn, None
     elif kind.startswith("kafka"):
         with services.kafka() as broker:
@@ -285,14 +306,23 @@ async def _flipper(kind: str, n: int, endpoint: str, topics: int = 0, unrelated:
 
         ready_at = await loop.run_in_executor(None, flip)
         times = [ready_at] * n
-    elif kind == "postgres":
+    elif kind.startswith("postgres"):
         import asyncpg
 
         conn = await asyncpg.connect(endpoint)
-        await conn.execute("CREATE TABLE markers (id int PRIMARY KEY, state text NOT NULL)")
+        tables = sorted({table_of(kind, i) for i in range(max(n, POSTGRES_TABLES))})
+        for table in tables:
+            await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, state text NOT NULL)")
         print("READY", file=out, flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
-        await conn.execute("INSERT INTO markers SELECT g, 'ready' FROM generate_series(0, $1::int - 1) g", n)
+        async with conn.transaction():  # every marker appears at once
+            for table in tables:
+                await conn.execute(
+                    f"INSERT INTO {table} SELECT g, 'ready' FROM generate_series(0, $1::int - 1) g "
+                    f"WHERE $2 = 'markers' OR 'markers_' || (g % {POSTGRES_TABLES}) = $2",
+                    n,
+                    table,
+                )
         times = [time.time()] * n
         await conn.close()
     elif kind.startswith("kafka"):
@@ -356,7 +386,7 @@ def connections(kind: str, impl: str, endpoint: str | None, n: int) -> dict[str,
         env["AIRFLOW_CONN_BENCH_HTTP"] = json.dumps(
             {"conn_type": "http", "host": host, "port": int(port), "schema": "http"}
         )
-    elif kind == "postgres":
+    elif kind.startswith("postgres"):
         port = endpoint.rsplit(":", 1)[1].split("/")[0]  # type: ignore[union-attr]
         env["AIRFLOW_CONN_BENCH_PG"] = json.dumps(
             {"conn_type": "postgres", "host": "127.0.0.1", "port": int(port), "login": "postgres", "schema": "postgres"}
@@ -380,7 +410,7 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
             from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger as cls
         elif kind in ("http", "http-one-url"):
             from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger as cls  # type: ignore[assignment]
-        elif kind == "postgres":
+        elif kind.startswith("postgres"):
             from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger as cls  # type: ignore[assignment]
         elif kind.startswith("kafka"):
             from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger as cls  # type: ignore[assignment]
@@ -398,8 +428,8 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
                 kw = {"http_conn_id": "bench_http", "endpoint": f"ready/{i}"}
             elif kind == "http-one-url":
                 kw = {"http_conn_id": "bench_http", "endpoint": "ready/0"}
-            elif kind == "postgres":
-                kw = {"postgres_conn_id": "bench_pg", "table": "markers", "match": {"id": i}}
+            elif kind.startswith("postgres"):
+                kw = {"postgres_conn_id": "bench_pg", "table": table_of(kind, i), "match": {"id": i}}
             elif kind.startswith("kafka"):
                 kw = {
                     "topics": [topic_of(kind, i, topics)],
@@ -441,6 +471,14 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
         from airflow.providers.http.triggers.http import HttpSensorTrigger as ocls  # type: ignore[assignment]
 
         made = [ocls(endpoint="ready/0", http_conn_id="bench_http", poke_interval=poll) for _ in range(n)]
+    elif kind.startswith("postgres"):
+        # No official deferrable SQL trigger exists: the anchor is the naive one-connection-per-wait trigger.
+        from benchmarks.naive_postgres import NaivePostgresMarkerTrigger as ocls  # type: ignore[assignment]
+
+        made = [
+            ocls(postgres_conn_id="bench_pg", table=table_of(kind, i), marker_id=i, poll_interval=poll)
+            for i in range(n)
+        ]
     elif kind.startswith("kafka"):
         from airflow.providers.apache.kafka.triggers.await_message import AwaitMessageTrigger as ocls  # type: ignore[assignment]
 
@@ -528,12 +566,14 @@ async def measure(
     gc_meter.take()
     early = len(fired)
     served0 = await loop.run_in_executor(None, served_requests, args.kind, endpoint)
+    statements0 = statements_sent(args.kind, args.impl)
     cpu0, t0 = cpu_seconds(), time.monotonic()
     rss_samples = []
     while time.monotonic() - t0 < args.hold:
         await asyncio.sleep(min(1.0, args.hold))
         rss_samples.append(rss_kb())
     cpu1, t1 = cpu_seconds(), time.monotonic()
+    statements1 = statements_sent(args.kind, args.impl)
     rss1 = rss_kb()
     hold = t1 - t0
     served1 = await loop.run_in_executor(None, served_requests, args.kind, endpoint)
@@ -554,6 +594,9 @@ async def measure(
         "rss_per_trigger_kb": round((rss1 - rss0) / args.n, 3) if args.n else None,
         "lag_max_startup_ms": round(lag_startup * 1000, 1),
     }
+    if statements0 is not None and statements1 is not None:  # Postgres: statements sent per poll round
+        steady["statements_in_hold"] = statements1 - statements0
+        steady["statements_per_round"] = round((statements1 - statements0) * args.poll_interval / hold, 1)
     # The steady-state figures survive even if the flip or the events never finish.
     print(HOLD_PREFIX + json.dumps(steady), file=sys.stderr, flush=True)
 
@@ -653,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         AIRFLOW__CORE__UNIT_TEST_MODE="False",
     )
     real_stdout = sys.stdout
-    with servers(args.kind) as (endpoint, server_pid), contextlib.ExitStack() as stack:
+    sessions = args.n if args.impl == "official" and args.kind.startswith("postgres") else 0
+    with servers(args.kind, sessions) as (endpoint, server_pid), contextlib.ExitStack() as stack:
         os.environ.update(connections(args.kind, args.impl, endpoint, args.n))
         flipper = None
         if args.kind != "datetime":

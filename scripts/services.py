@@ -91,6 +91,8 @@ class Postgres:
     bindir: Path
     user: str = "postgres"
     _as_user: list[str] = field(default_factory=list)
+    #: Server sessions allowed at once (benchmarks of one-connection-per-wait triggers need many).
+    max_connections: int = 200
 
     @property
     def dsn(self) -> str:
@@ -109,9 +111,8 @@ class Postgres:
         return result
 
     def start(self) -> None:
-        options = (
-            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.directory} -c fsync=off -c max_connections=200"
-        )
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.directory} -c fsync=off"
+        options += f" -c max_connections={self.max_connections}"
         self._ctl("-l", str(self.directory / "pg.log"), "-w", "-t", "30", "-o", options, "start")
 
     def stop(self, mode: str = "fast") -> None:
@@ -143,7 +144,7 @@ class Postgres:
 
 
 @contextlib.contextmanager
-def postgres() -> Iterator[Postgres]:
+def postgres(max_connections: int = 200) -> Iterator[Postgres]:
     bindir = postgres_bindir()
     as_user: list[str] = []
     directory = Path(tempfile.mkdtemp(prefix="adk-pg-"))
@@ -156,7 +157,9 @@ def postgres() -> Iterator[Postgres]:
         os.chmod(directory, 0o755)
         shutil.chown(directory, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
-    server = Postgres(directory=directory, port=free_port(), bindir=bindir, _as_user=as_user)
+    server = Postgres(
+        directory=directory, port=free_port(), bindir=bindir, _as_user=as_user, max_connections=max_connections
+    )
     init = subprocess.run(
         [
             *as_user,

@@ -25,9 +25,11 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
+from airflow_deferrable_kit._postgres_batches import PostgresBatches, close_batches, open_batches
 from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool, pooled
 from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
 from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
+from airflow_deferrable_kit._shared_polls import reuse_window as listing_reuse_window
 from airflow_deferrable_kit.conditions import DEFAULT, MISSING, Acceptor, ConditionSet, Verdict, explain, lookup
 from airflow_deferrable_kit.payload import (
     ConditionFailed,
@@ -304,6 +306,8 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             self._validate_custom()
         self._conditions = ConditionSet.load(self._canonical_conditions(), self.predicate, matchers=MATCHERS)
         self._bound: list[Any] | None = None
+        self._batching = False
+        self._batches: PostgresBatches | None = None
 
     def _canonical_conditions(self) -> list[dict[str, Any]]:
         """Every acceptor in order: the user's groups, with the status column's rules first in theirs.
@@ -372,6 +376,52 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         return pool
 
     async def fetch_row(self) -> Any:
+        """The first row of the query, or ``None``.
+
+        In the trigger loop the poll joins the batch of its shape and window
+        (:mod:`airflow_deferrable_kit._postgres_batches`): one statement answers every wait of
+        the same connection and query text that polls within the window. A lone check (the
+        sensor's poke path, a test) runs its own query on a pooled connection.
+        """
+        if not self._batching:
+            return await self._fetch_alone()
+        conn_id, timeout = self.postgres_conn_id, float(self.statement_timeout)
+        batches = self._batches
+        if batches is None:  # leased once, held until the wait ends
+            batches = self._batches = await self.lease(
+                ("postgres-batches", conn_id), lambda: open_batches(conn_id), close_batches
+            )
+        if self._bound is None:
+            types = await batches.parameter_types(self._sql, timeout)
+            self._bound = coerce_arguments(self._args, types, self._labels)
+        window = listing_reuse_window(float(self.poll_interval))
+        row = await batches.fetch_row(self._sql, self._bound, timeout=timeout, window=window)
+        if row is not None:
+            # The waits of a batch are answered in the same instant: those with a row to judge
+            # and a payload to build take turns, so 10,000 markers appearing together do not
+            # build 10,000 payloads in one iteration of the loop.
+            await self.clock.sleep(0)
+        return row
+
+    def next_poll_delay(self) -> float:
+        """The poll interval, shortened to the beat of the wait's shape when it polls in batches."""
+        interval = float(self.poll_interval)
+        if not self._batching or self._batches is None:
+            return interval
+        return self._batches.until_next_beat(
+            self._sql,
+            timeout=float(self.statement_timeout),
+            interval=interval,
+            window=listing_reuse_window(interval),
+        )
+
+    def phase(self, delay: float) -> float:
+        """No random phase for a wait that polls in batches: its shape's beat is its phase."""
+        if self._batching and self._batches is not None and self._batches.keeps_beat(self._sql):
+            return delay
+        return super().phase(delay)
+
+    async def _fetch_alone(self) -> Any:
         """Run the query once on a pooled connection, held only for this query."""
         pool = await self._pool()
         timeout = float(self.statement_timeout)
@@ -440,7 +490,14 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
 
     # ------------------------------------------------------------- LISTEN/NOTIFY wake-ups
     async def wait(self) -> dict[str, Any]:
-        """Poll as usual; with ``notify_channel``, a notification cuts the current sleep short."""
+        """Poll in batches with the other waits of the shape; a notification cuts a sleep short."""
+        self._batching = True
+        try:
+            return await self._wait_listening()
+        finally:
+            self._batching, self._batches = False, None
+
+    async def _wait_listening(self) -> dict[str, Any]:
         if self.notify_channel is None:
             return await super().wait()
         conn_id, channel = self.postgres_conn_id, self.notify_channel

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from airflow_deferrable_kit._shared_polls import REUSE_MAX as LISTING_REUSE_MAX
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.base import deadline_after
@@ -88,14 +89,18 @@ async def _listening(admin: asyncpg.Connection, application_name: str) -> list[a
 
 
 async def _settled(counts: list[int]) -> None:
-    """Wait until no trigger has polled for a while (all are in their long sleep)."""
+    """Wait until no trigger has polled for a while (all are in their long sleep).
+
+    A poll is answered when its batch is sent, at most one sharing window after it started, so
+    "no new poll for longer than a window" means every poll so far has its answer.
+    """
     previous = None
-    for _ in range(100):
+    for _ in range(40):
         current = list(counts)
         if current == previous and all(current):
             return
         previous = current
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(LISTING_REUSE_MAX + 0.3)
     raise AssertionError("the triggers never settled")
 
 

@@ -1,0 +1,570 @@
+"""The batching engine of the Postgres wait: one statement per round for every wait of a shape.
+
+A thousand waits on one marker table each ask the same query with their own values
+(``SELECT * FROM markers WHERE id = $1 ... LIMIT 1``). Sent one by one, that is a thousand round
+trips, a thousand encoded statements and a thousand pool hand-outs per round. Here the waits of
+one *shape* (the same connection id, the same SQL text, the same statement timeout) whose polls
+fall in the same short window (:func:`~airflow_deferrable_kit._shared_polls.reuse_window`,
+the window of every shared poll) are answered by one statement::
+
+    SELECT "adk$row".*, "adk$args"."adk$wait"
+    FROM unnest($1::int4[], ..., $k::int4[]) AS "adk$args"(a1, ..., "adk$wait")
+    CROSS JOIN LATERAL (SELECT * FROM (<the wait's query, $n -> "adk$args".an>) AS "adk$first"
+                        LIMIT 1) AS "adk$row"
+
+Each wait's values are one element of the arrays, the lateral subquery is the wait's own query
+with its placeholders pointing at those elements, so every wait gets exactly the first row its
+own query would have returned (or none), and judges it on its own, as before. The array types
+are the parameter types the server inferred for the wait's own query, so values are read as they
+would be alone. Declarative waits (``table=``) and custom queries (``sql=``) with the same text
+and different parameters batch alike; waits with identical values share one element.
+
+The waits of a shape keep one beat (:meth:`PostgresBatches.until_next_beat`), so after their
+first poll they fall in the same window every round: one statement per shape per round. The
+batches due at the same moment (one per shape: a hundred tables, a hundred batches) go out over
+a few lanes, each one pooled connection taken once for its batches in turn.
+
+What is not batched, and runs one query per wait as before: a shape whose parameters include an
+array, a composite or a JSON value, and a query the server refuses inside the lateral form (the
+batched statement is prepared once per shape to find out). A batch that fails for a reason that
+is not transient (one wait's value does not fit its type, a row of one wait divides by zero) is
+re-asked one wait at a time, so only the wait at fault gets the error; a transient failure (the
+server restarting) reaches every wait of the batch, each of which backs off on its own.
+
+asyncpg is imported inside functions only, so this module imports without the ``postgres`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import math
+import re
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_deferrable_kit import clients
+from airflow_deferrable_kit._postgres_client import (
+    classify_postgres_error,
+    close_pool,
+    open_pool,
+    pooled,
+    query_timed_out,
+)
+from airflow_deferrable_kit.payload import TransientError
+
+if TYPE_CHECKING:
+    import asyncpg
+
+log = logging.getLogger(__name__)
+
+#: Parameter kinds (asyncpg's ``Type.kind``) an ``unnest`` of arrays carries one value each of.
+#: Arrays would be flattened and composites expanded into columns, so those shapes are not batched.
+BATCHABLE_KINDS = frozenset({"scalar", "range"})
+#: Parameter types whose values (dicts and lists) cannot be told apart by hashing.
+UNBATCHABLE_TYPES = frozenset({"json", "jsonb"})
+#: Names the batched statement gives its parts (``$`` keeps them apart from users' own names).
+ARGS, ROW, FIRST, WAIT = '"adk$args"', '"adk$row"', '"adk$first"', '"adk$wait"'
+
+#: Waits a batch answers per loop iteration: each then finishes its poll (a few tens of
+#: microseconds when there is no row yet), so 10,000 answers never run in one iteration.
+SETTLE_PER_TURN = 512
+#: Query texts one engine remembers (types, batched form, beat); the least recently used go first.
+MAX_SHAPES = 512
+
+_STATEMENTS = [0]
+
+
+def statement_count() -> int:
+    """Statements the Postgres waits of this process have sent so far (batched, single, prepares)."""
+    return _STATEMENTS[0]
+
+
+def _count(statements: int = 1) -> None:
+    _STATEMENTS[0] += statements
+
+
+# ------------------------------------------------------------------------- the statement
+_WORD = re.compile(r"[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*")
+_NUMBER = re.compile(r"[0-9][0-9A-Za-z_.]*")
+_PLACEHOLDER = re.compile(r"\$([0-9]+)")
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$")
+
+
+def _quoted_end(sql: str, start: int, quote: str, *, backslashes: bool) -> int:
+    """Index after the literal (or quoted identifier) opening at ``start``; doubled quotes escape."""
+    i = start + 1
+    while i < len(sql):
+        char = sql[i]
+        if backslashes and char == "\\":
+            i += 2
+            continue
+        if char == quote:
+            if i + 1 < len(sql) and sql[i + 1] == quote:
+                i += 2
+                continue
+            return i + 1
+        i += 1
+    return len(sql)
+
+
+def _block_comment_end(sql: str, start: int) -> int:
+    depth, i = 0, start
+    while i < len(sql):
+        pair = sql[i : i + 2]
+        if pair == "/*":
+            depth, i = depth + 1, i + 2
+        elif pair == "*/":
+            depth, i = depth - 1, i + 2
+            if depth == 0:
+                return i
+        else:
+            i += 1
+    return len(sql)
+
+
+def rewrite_placeholders(sql: str, replace: Callable[[int], str]) -> str:
+    """``sql`` with every ``$n`` placeholder replaced by ``replace(n)``, and nothing else touched.
+
+    Placeholders inside string literals (``'...'``, ``E'...'`` with backslash escapes,
+    ``$tag$...$tag$``), quoted identifiers, comments and names (``a$1``) are not placeholders
+    and stay as they are. Literals follow ``standard_conforming_strings = on`` (PostgreSQL's
+    default since 9.1).
+    """
+    out: list[str] = []
+    i, size = 0, len(sql)
+    while i < size:
+        char = sql[i]
+        end = i + 1
+        if char == "'":
+            end = _quoted_end(sql, i, "'", backslashes=False)
+        elif char == '"':
+            end = _quoted_end(sql, i, '"', backslashes=False)
+        elif sql.startswith("--", i):
+            newline = sql.find("\n", i)
+            end = size if newline < 0 else newline
+        elif sql.startswith("/*", i):
+            end = _block_comment_end(sql, i)
+        elif char == "$":
+            placeholder = _PLACEHOLDER.match(sql, i)
+            tag = None if placeholder else _DOLLAR_TAG.match(sql, i)
+            if placeholder:
+                out.append(replace(int(placeholder.group(1))))
+                i = placeholder.end()
+                continue
+            if tag:
+                closing = sql.find(tag.group(0), tag.end())
+                end = size if closing < 0 else closing + len(tag.group(0))
+        elif (word := _WORD.match(sql, i)) is not None:
+            end = word.end()
+            if word.group(0) in ("E", "e") and end < size and sql[end] == "'":
+                end = _quoted_end(sql, end, "'", backslashes=True)
+        elif (number := _NUMBER.match(sql, i)) is not None:
+            end = number.end()
+        out.append(sql[i:end])
+        i = end
+    return "".join(out)
+
+
+def _type_name(typ: Any) -> str:
+    """The schema-qualified, quoted name of an asyncpg ``Type``."""
+    name = '"' + str(typ.name).replace('"', '""') + '"'
+    return f'"{str(typ.schema).replace(chr(34), chr(34) * 2)}".{name}' if typ.schema else name
+
+
+def batched_statement(sql: str, types: Sequence[Any]) -> str | None:
+    """The one statement answering many waits of ``sql``, or ``None`` if its parameters cannot batch.
+
+    ``types`` are the parameter types the server inferred for ``sql`` alone (``$1..$n``); the
+    statement takes one array per parameter, then the wait numbers (``int4[]``).
+    """
+    if not types or any(t.kind not in BATCHABLE_KINDS or t.name in UNBATCHABLE_TYPES for t in types):
+        return None
+    columns = [f"a{n}" for n in range(1, len(types) + 1)]
+    arrays = [f"${n}::{_type_name(t)}[]" for n, t in enumerate(types, start=1)]
+    inner = rewrite_placeholders(sql, lambda n: f"({ARGS}.a{n})" if 1 <= n <= len(types) else f"${n}")
+    return (
+        f"SELECT {ROW}.*, {ARGS}.{WAIT} "
+        f"FROM unnest({', '.join(arrays)}, ${len(types) + 1}::int4[]) AS {ARGS}({', '.join(columns)}, {WAIT}) "
+        f"CROSS JOIN LATERAL (SELECT * FROM ({inner}) AS {FIRST} LIMIT 1) AS {ROW}"
+    )
+
+
+class BatchRow:
+    """One row of a batched answer as the wait's own query would have returned it.
+
+    The batched statement adds the wait number as its last column; this view hides it and offers
+    what the trigger reads of an asyncpg ``Record``: ``len``, ``row[i]``, ``row["name"]``,
+    ``items()``, ``keys()``, ``values()``.
+    """
+
+    __slots__ = ("_record", "_size")
+
+    def __init__(self, record: Any) -> None:
+        self._record = record
+        self._size = len(record) - 1
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, int):
+            if not -self._size <= key < self._size:
+                raise IndexError(key)
+            return self._record[key % self._size]
+        return self._record[key]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._record.items())[: self._size]
+
+    def keys(self) -> list[str]:
+        return list(self._record.keys())[: self._size]
+
+    def values(self) -> list[Any]:
+        return list(self._record.values())[: self._size]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict(self.items()).get(key, default)
+
+
+# --------------------------------------------------------------------------------- batches
+@dataclasses.dataclass(eq=False)
+class _Ask:
+    """One set of bound values in a batch, and the futures of the waits that asked with exactly it."""
+
+    args: tuple[Any, ...]
+    futures: list[asyncio.Future[Any]] = dataclasses.field(default_factory=list)
+
+    def pending(self) -> bool:
+        return any(not future.done() for future in self.futures)
+
+
+def ask_key(args: tuple[Any, ...]) -> Hashable:
+    """What tells two waits' values apart: equal keys mean the same query, row for row.
+
+    Text and integers compare exactly; other values are told apart by type and ``repr`` too,
+    since ``Decimal("1.0") == Decimal("1")`` and ``True == 1`` yet a query may show the difference.
+    Raises ``TypeError`` for values that cannot be hashed.
+    """
+    for value in args:
+        if type(value) is not str and type(value) is not int:
+            break
+    else:
+        return args
+    key = tuple((type(value), repr(value), value) for value in args)
+    hash(key)
+    return key
+
+
+@dataclasses.dataclass(eq=False)
+class _Batch:
+    """The waits of one shape whose polls fall in one window, answered together when it ends."""
+
+    sql: str
+    timeout: float
+    asks: dict[Hashable, _Ask] = dataclasses.field(default_factory=dict)
+    waiters: int = 0
+    timer: asyncio.TimerHandle | None = None
+    task: asyncio.Task[None] | None = None
+
+
+@dataclasses.dataclass
+class _Shape:
+    """What is known of one SQL text: its parameter types and its batched statement, if any."""
+
+    types: list[Any]
+    batched: str | None
+
+
+class PostgresBatches:
+    """Every Postgres wait of one connection id polls through this: one per connection per process.
+
+    :meth:`parameter_types` prepares a shape once for all its waits (a thousand waits deferred
+    together prepare it once); :meth:`fetch_row` answers one wait's poll from the batch of its
+    window. It holds a lease on the connection id's pool and gives it back on :meth:`close`.
+    """
+
+    def __init__(self, conn_id: str, pool: asyncpg.Pool) -> None:
+        self.conn_id = conn_id
+        self.pool = pool
+        self._shapes: dict[str, asyncio.Task[_Shape]] = {}
+        self._gathering: dict[tuple[str, float, float], _Batch] = {}
+        self._due: list[_Batch] = []
+        self._flush_scheduled = False
+        self._lanes: set[asyncio.Task[None]] = set()
+        self._beats: dict[tuple[str, float, float, float], float] = {}
+
+    # ------------------------------------------------------------------------- shapes
+    async def parameter_types(self, sql: str, timeout: float) -> list[Any]:
+        """The types the server inferred for ``$1..$n`` of ``sql`` (prepared once per shape)."""
+        return (await self._shape(sql, timeout)).types
+
+    async def _shape(self, sql: str, timeout: float) -> _Shape:
+        task = self._shapes.pop(sql, None)
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = asyncio.get_running_loop().create_task(self._prepare(sql, timeout))
+        self._shapes[sql] = task  # the most recently used last
+        while len(self._shapes) > MAX_SHAPES:
+            self._forget_shape(next(iter(self._shapes)))
+        return await asyncio.shield(task)
+
+    def _forget_shape(self, sql: str) -> None:
+        """Drop what is known of a query text nobody asked for in a long while (it is re-learnt if needed)."""
+        self._shapes.pop(sql, None)
+        for beat in [beat for beat in self._beats if beat[0] == sql]:
+            del self._beats[beat]
+
+    async def _prepare(self, sql: str, timeout: float) -> _Shape:
+        import asyncpg
+
+        async with pooled(self.pool, timeout) as connection:
+            _count()
+            statement = await connection.prepare(sql, timeout=timeout)
+            types = list(statement.get_parameters())
+            batched = batched_statement(sql, types)
+            if batched is not None:
+                try:
+                    _count()
+                    await connection.prepare(batched, timeout=timeout)
+                except asyncpg.PostgresError as exc:  # the query does not fit the lateral form
+                    log.debug("Postgres waits on %r poll one by one: %s", sql[:200], exc)
+                    batched = None
+        return _Shape(types, batched)
+
+    def keeps_beat(self, sql: str) -> bool:
+        """Whether the waits of ``sql`` poll on a common beat: known to batch (else each its own phase)."""
+        prepared = self._shapes.get(sql)
+        if prepared is None or not prepared.done() or prepared.cancelled() or prepared.exception() is not None:
+            return False
+        return prepared.result().batched is not None
+
+    def until_next_beat(self, sql: str, *, timeout: float, interval: float, window: float) -> float:
+        """Seconds until this wait's next poll, on the beat of its shape: at most ``interval``.
+
+        Waits start at different moments, so each window of a round would hold a few of them
+        and a shape spread thin (10 waits on each of 100 tables) would cost one statement per
+        wait after all. Each shape and interval has a beat instead, one per ``interval``, in
+        the middle of a window: every wait polls at the last beat before its own poll would be
+        due, never later, so from their second poll on the waits of a shape poll in the same
+        window. Shapes that cannot batch keep their own (random) phase.
+        """
+        if interval <= 0 or window <= 0 or not self.keeps_beat(sql):
+            return interval
+        now = asyncio.get_running_loop().time()
+        key = (sql, timeout, interval, window)
+        beat = self._beats.get(key)
+        if beat is None:  # the first wait to ask sets the beat: the middle of a window, an interval away
+            beat = self._beats[key] = (math.floor((now + interval) / window - 0.5) + 0.5) * window
+        return (beat - now) % interval or interval
+
+    # ------------------------------------------------------------------------- polls
+    async def fetch_row(self, sql: str, args: Sequence[Any], *, timeout: float, window: float) -> Any:
+        """The first row of ``sql`` with ``args`` (or ``None``), from the batch of this window.
+
+        The batch is sent at the next multiple of ``window`` (loop time), so every wait whose
+        poll falls in the same window of the same shape shares it. Cancelling one wait leaves the
+        batch to the others; the batch is only called off when every wait in it is gone.
+        """
+        values = tuple(args)
+        try:
+            key = ask_key(values)
+        except TypeError:  # values that cannot be told apart by hashing: asked alone
+            return await self._alone(sql, values, timeout)
+        loop = asyncio.get_running_loop()
+        fire_at = math.ceil(loop.time() / window) * window if window > 0 else loop.time()
+        slot = (sql, float(timeout), fire_at)
+        batch = self._gathering.get(slot)
+        if batch is None:
+            batch = self._gathering[slot] = _Batch(sql, float(timeout))
+            batch.timer = loop.call_at(fire_at, self._send, slot, batch)
+        future: asyncio.Future[Any] = loop.create_future()
+        ask = batch.asks.get(key)
+        if ask is None:
+            ask = batch.asks[key] = _Ask(values)
+        ask.futures.append(future)
+        batch.waiters += 1
+        try:
+            return await future
+        finally:
+            batch.waiters -= 1
+            if not batch.waiters:
+                self._call_off(slot, batch)
+
+    def _call_off(self, slot: tuple[str, float, float], batch: _Batch) -> None:
+        """Every wait of the batch is gone (cancelled): do not send it, or stop it in flight."""
+        if batch.timer is not None:
+            batch.timer.cancel()
+        if self._gathering.get(slot) is batch:
+            del self._gathering[slot]
+        if batch.task is not None and not batch.task.done():
+            batch.task.cancel()
+
+    def _send(self, slot: tuple[str, float, float], batch: _Batch) -> None:
+        if self._gathering.get(slot) is batch:
+            del self._gathering[slot]
+        batch.timer = None
+        self._due.append(batch)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send the batches due now (every shape's of this window) over a few pooled connections.
+
+        Each lane takes one connection for all its batches, one after another: the waits on a
+        hundred tables cost a hundred statements per round but only a few hand-outs (and
+        resets) of pooled connections, not a hundred.
+        """
+        self._flush_scheduled = False
+        due, self._due = self._due, []
+        lanes = max(1, min(len(due), int(self.pool.get_max_size())))
+        loop = asyncio.get_running_loop()
+        for lane in range(lanes):
+            task = loop.create_task(self._lane(due[lane::lanes]))
+            self._lanes.add(task)
+            task.add_done_callback(self._lanes.discard)
+
+    async def _lane(self, batches: list[_Batch]) -> None:
+        """Answer ``batches`` in turn on one pooled connection (a fresh one after a called-off batch)."""
+        waiting = collections.deque(batches)
+        while waiting:
+            try:
+                async with pooled(self.pool, min(batch.timeout for batch in waiting)) as connection:
+                    while waiting:
+                        batch = waiting[0]
+                        if any(ask.pending() for ask in batch.asks.values()):
+                            batch.task = asyncio.get_running_loop().create_task(self._answer(batch, connection))
+                            try:
+                                await asyncio.wait({batch.task})
+                            except asyncio.CancelledError:  # the engine is closing
+                                batch.task.cancel()
+                                raise
+                        waiting.popleft()
+                        if batch.task is not None and batch.task.cancelled():  # called off in flight
+                            raise _CalledOff  # the connection may still be busy with it
+                        if batch.task is not None and batch.task.exception() is not None:  # a bug: say so
+                            for ask in batch.asks.values():
+                                _settle(ask, error=batch.task.exception())
+            except _CalledOff:
+                continue  # pooled() dropped or released the connection as for any cancelled query
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # no connection: every batch still waiting gets the error
+                for batch in waiting:
+                    for ask in batch.asks.values():
+                        _settle(ask, error=exc)
+                return
+
+    async def _answer(self, batch: _Batch, connection: Any) -> None:
+        """Ask the server once for the whole batch, and hand every wait its own row or error."""
+        asks = [ask for ask in batch.asks.values() if ask.pending()]
+        if not asks:
+            return
+        try:
+            shape = await self._shape(batch.sql, batch.timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            for ask in asks:
+                _settle(ask, error=exc)
+            return
+        if len(asks) == 1 or shape.batched is None:
+            await self._one_by_one(batch, asks, connection)
+            return
+        columns = [list(column) for column in zip(*(ask.args for ask in asks), strict=True)]
+        try:
+            _count()
+            records = await connection.fetch(shape.batched, *columns, list(range(len(asks))), timeout=batch.timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not _is_transient(exc):  # maybe one wait's fault: only that wait gets the error
+                log.debug("A batch of %d Postgres waits failed (%s); asking each alone", len(asks), exc)
+                await self._one_by_one(batch, asks, connection)
+                return
+            error = query_timed_out(batch.timeout) if isinstance(exc, asyncio.TimeoutError) else exc
+            for ask in asks:
+                _settle(ask, error=error)
+            return
+        rows = {record[len(record) - 1]: BatchRow(record) for record in records}
+        for number, ask in enumerate(asks):
+            if number and not number % SETTLE_PER_TURN:
+                await asyncio.sleep(0)  # the waits answered so far run before the next ones are
+            _settle(ask, rows.get(number))
+
+    async def _alone(self, sql: str, args: Sequence[Any], timeout: float) -> Any:
+        """One wait's own query on a connection of its own, exactly as it runs unbatched."""
+        async with pooled(self.pool, timeout) as connection:
+            _count()
+            return await connection.fetchrow(sql, *args, timeout=timeout)
+
+    async def _one_by_one(self, batch: _Batch, asks: list[_Ask], connection: Any) -> None:
+        """Ask each wait's query alone (a lone wait, a shape that cannot batch, a failed batch)."""
+        for ask in asks:
+            if not ask.pending():
+                continue
+            try:
+                _count()
+                row = await connection.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
+            except asyncio.CancelledError:
+                raise
+            except asyncio.TimeoutError:
+                _settle(ask, error=query_timed_out(batch.timeout))
+            except Exception as exc:
+                _settle(ask, error=exc)
+            else:
+                _settle(ask, row)
+
+    async def close(self) -> None:
+        """Stop every batch (nobody waits for one any more) and give back the pool."""
+        for batch in [*self._gathering.values(), *self._due]:
+            if batch.timer is not None:
+                batch.timer.cancel()
+        for lane in list(self._lanes):
+            lane.cancel()
+        self._gathering.clear()
+        self._due.clear()
+        for task in self._shapes.values():
+            task.cancel()
+        self._shapes.clear()
+        await clients.release(_pool_key(self.conn_id))
+
+
+class _CalledOff(asyncio.CancelledError):
+    """A lane's batch was called off in flight: its connection is given back as a cancelled query's."""
+
+
+def _is_transient(exc: Exception) -> bool:
+    if isinstance(exc, TransientError):
+        return True
+    if isinstance(exc, (OSError, asyncio.TimeoutError)):
+        return True
+    return isinstance(classify_postgres_error(exc), TransientError)
+
+
+def _settle(ask: _Ask, row: Any = None, *, error: BaseException | None = None) -> None:
+    for future in ask.futures:
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(row)
+
+
+def _pool_key(conn_id: str) -> tuple[str, str]:
+    """The lease key of a connection id's pool, shared with every Postgres wait of the process."""
+    return ("postgres-pool", conn_id)
+
+
+async def open_batches(conn_id: str) -> PostgresBatches:
+    """The batching engine for ``conn_id``, on the connection id's shared pool."""
+    key = _pool_key(conn_id)
+    pool = await clients.acquire(key, lambda: open_pool(conn_id), close_pool)
+    return PostgresBatches(conn_id, pool)
+
+
+async def close_batches(batches: PostgresBatches) -> None:
+    await batches.close()
