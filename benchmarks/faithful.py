@@ -312,7 +312,10 @@ def install_startup_probe(kind: str, impl: str) -> StartupProbe | AlarmProbe | F
     if impl == "floor":
         return FloorProbe()
     if impl == "kit" and kind == "datetime":
-        return AlarmProbe()
+        from airflow_deferrable_kit.triggers import temporal
+
+        if hasattr(temporal, "_alarms"):  # an older kit polls through check(), probed below
+            return AlarmProbe()
     if impl == "kit":
         from airflow_deferrable_kit.triggers.base import PollingTrigger
 

@@ -75,7 +75,13 @@ def cells(plan: str, official_large: bool, kinds: list[str], explicit: bool = Fa
     if plan == "all":
         for each in PLANS:
             out += cells(each, True, kinds, explicit)
-        return out
+        # Not at N=10,000: the official Kafka trigger (it fired 0 of 100 waits already) and the official
+        # S3 trigger (a client per wait: ~1.5 MB each, 15 GB at 10,000 on a 24 GB machine).
+        return [
+            c
+            for c in out
+            if not (c["n"] == 10000 and c["impl"] == "official" and c["kind"].startswith(("kafka", "s3")))
+        ]
     if plan == "baseline":
         return [{"kind": "datetime", "impl": "kit", "n": 0, "poll": 5.0, "hold": 10.0, "warmup": 3.0}]
     if plan == "floor":

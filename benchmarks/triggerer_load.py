@@ -510,7 +510,7 @@ async def measure(
         runner.to_create.extend(pending_work)
         del pending_work
         watchdog = asyncio.ensure_future(runner.block_watchdog())
-        keeper = asyncio.ensure_future(airflow_like.bookkeeping(runner))
+        keeper = asyncio.ensure_future(airflow_like.bookkeeping(runner) if args.bookkeeping else asyncio.sleep(0))
         await runner.create_triggers()  # Airflow's own: decode kwargs, build, one run_trigger task each
         tasks = [details["task"] for details in runner.triggers.values()]
     else:
@@ -651,6 +651,7 @@ async def measure(
         "impl": args.impl,
         "n": args.n,
         "harness": args.harness,
+        **({} if args.bookkeeping else {"bookkeeping": False}),
         **({"topics": args.topics, "unrelated_topics": args.unrelated_topics} if args.kind.startswith("kafka") else {}),
         "poll_interval": args.poll_interval,
         "warmup_s": args.warmup,
@@ -699,6 +700,13 @@ def main(argv: list[str] | None = None) -> int:
         help="airflow: waits deferred by their sensors and run by Airflow's own TriggerRunner (greenback portal, "
         "structlog JSON at INFO), the hold starting once every wait has polled; plain: cls(**kwargs) tasks, "
         "logging at WARNING, the hold after --warmup (the method before)",
+    )
+    parser.add_argument(
+        "--no-bookkeeping",
+        dest="bookkeeping",
+        action="store_false",
+        help="airflow harness: leave out the runner's once-a-second round over every trigger "
+        "(cleanup_finished_triggers, one loop iteration per trigger)",
     )
     parser.add_argument(
         "--startup-timeout",

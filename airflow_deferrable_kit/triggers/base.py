@@ -30,7 +30,6 @@ from airflow.triggers.base import (
     TaskSuccessEvent,
     TriggerEvent,
 )
-from airflow.utils.log.logging_mixin import LoggingMixin
 from pydantic import JsonValue
 from typing_extensions import dataclass_transform
 
@@ -275,11 +274,10 @@ class PollingTrigger(BaseTrigger):
         cls = type(self)
         logger = cls.__dict__.get("_class_logger")
         if logger is None:
-            name = LoggingMixin._create_logger_name(
-                logged_class=cls,
-                log_config_logger_name=cls._log_config_logger_name,
-                class_logger_name=cls._logger_name,
-            )
+            # LoggingMixin's naming: ``_logger_name`` or module.class, under ``_log_config_logger_name``.
+            name = cls._logger_name if cls._logger_name is not None else f"{cls.__module__}.{cls.__name__}"
+            if cls._log_config_logger_name:
+                name = f"{cls._log_config_logger_name}.{name}" if name else cls._log_config_logger_name
             logger = structlog.get_logger(name)
             cls._class_logger = logger  # type: ignore[attr-defined]
         return logger
