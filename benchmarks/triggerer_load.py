@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import gc
@@ -185,6 +186,11 @@ class GcMeter:
         value = (self.max_pause, self.full)
         self.max_pause, self.full = 0.0, 0
         return value
+
+
+def object_census() -> collections.Counter[str]:
+    """Objects the garbage collector tracks, by type (``--object-census``)."""
+    return collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
 
 
 # -------------------------------------------------------------------------------- servers
@@ -547,30 +553,104 @@ async def measure(
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
 
+    faithful = args.harness == "airflow"
+    target = dt.datetime.fromtimestamp(target_ts, tz=dt.timezone.utc).isoformat() if target_ts else None
+    fired: dict[int, float] = {}
+    events: dict[int, Any] = {}
+    if faithful:
+        from benchmarks import faithful as airflow_like
+
+        # Built (as each sensor defers) before the baseline: the sensors are the worker's, not the triggerer's.
+        pending_work = airflow_like.workloads(
+            args.kind, args.impl, args.n, args.poll_interval, target, args.topics, int((time.time() - 60) * 1000)
+        )
+        probe = airflow_like.install_startup_probe(args.kind, args.impl)
     gc.collect()
     if args.freeze_gc:
         gc.freeze()  # what an operator can do after start-up: full collections skip the imports
     gc_meter = GcMeter()
     rss0 = rss_kb()
-    target = dt.datetime.fromtimestamp(target_ts, tz=dt.timezone.utc).isoformat() if target_ts else None
-    t_build = time.monotonic()
-    triggers = build(args.kind, args.impl, args.n, args.poll_interval, target, args.topics)
-    fired: dict[int, float] = {}
-    events: dict[int, Any] = {}
-    tasks = [asyncio.ensure_future(run_trigger(t, i, fired, events)) for i, t in enumerate(triggers)]
-    del triggers
+    objects0 = len(gc.get_objects())
+    census0 = object_census() if args.object_census else None
+    t_build, cpu_build = time.monotonic(), cpu_seconds()
+    if faithful:
+        runner = airflow_like.bench_runner(fired, events)
+        runner.to_create.extend(pending_work)
+        del pending_work
+        watchdog = asyncio.ensure_future(runner.block_watchdog())
+        keeper = asyncio.ensure_future(airflow_like.bookkeeping(runner) if args.bookkeeping else asyncio.sleep(0))
+        await runner.create_triggers()  # Airflow's own: decode kwargs, build, one run_trigger task each
+        tasks = [details["task"] for details in runner.triggers.values()]
+    else:
+        triggers = build(args.kind, args.impl, args.n, args.poll_interval, target, args.topics)
+        tasks = [asyncio.ensure_future(run_trigger(t, i, fired, events)) for i, t in enumerate(triggers)]
+        del triggers
     build_s = time.monotonic() - t_build
 
-    await asyncio.sleep(args.warmup)
+    # Start-up: the hold begins once every wait has made its first poll (and --warmup has passed).
+    startup: dict[str, Any] = {}
+    if faithful:
+        limit = t_build + args.startup_timeout
+        hold_by = (target_ts - 0.5 - args.hold) if target_ts else None  # a DateTime hold must end before the target
+        while probe.count() < args.n and time.monotonic() < limit and not all(t.done() for t in tasks):  # noqa: ASYNC110
+            await asyncio.sleep(0.25)
+        seen = probe.count()
+        startup = {
+            "startup_s": round(time.monotonic() - t_build, 2),
+            "startup_first_polls": seen,
+            "startup_probe": probe.what,
+            "steady_state": seen >= args.n,
+        }
+        probe.remove()  # the hold runs the unmodified code
+        await asyncio.sleep(max(0.0, t_build + args.warmup - time.monotonic()))
+        if hold_by is not None and time.time() > hold_by:
+            startup["steady_state"] = False
+            startup["startup_note"] = "start-up ended too close to the DateTime target for a full hold"
+    else:
+        await asyncio.sleep(args.warmup)
+    objects1 = len(gc.get_objects())
+    startup["objects_per_wait"] = round((objects1 - objects0) / args.n, 1) if args.n else None
+    if census0 is not None and args.n:
+        grown = object_census() - census0
+        startup["objects_per_wait_by_type"] = {name: round(count / args.n, 2) for name, count in grown.most_common(25)}
     lag_startup = lag.take()
     gc_meter.take()
     early = len(fired)
+    if faithful and not startup["steady_state"]:
+        cpu_now = cpu_seconds()
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        watchdog.cancel()
+        keeper.cancel()
+        ticker.cancel()
+        stop_sampling.set()
+        return {
+            "kind": args.kind,
+            "impl": args.impl,
+            "n": args.n,
+            "harness": args.harness,
+            "poll_interval": args.poll_interval,
+            "build_s": round(build_s, 2),
+            **startup,
+            "fired_before_flip": early,
+            "cpu_startup_core_pct": round(100 * (cpu_now - cpu_build) / max(time.monotonic() - t_build, 1e-9), 2),
+            "rss_base_kb": rss0,
+            "rss_hold_kb": rss_kb(),
+            "sockets_max": sockets_max[0],
+            "lag_max_startup_ms": round(lag_startup * 1000, 1),
+            "freeze_gc": args.freeze_gc,
+        }
     served0 = await loop.run_in_executor(None, served_requests, args.kind, endpoint)
     statements0 = statements_sent(args.kind, args.impl)
     cpu0, t0 = cpu_seconds(), time.monotonic()
     rss_samples = []
-    while time.monotonic() - t0 < args.hold:
-        await asyncio.sleep(min(1.0, args.hold))
+    hold_until = t0 + args.hold
+    if target_ts is not None:  # a DateTime hold ends before the target
+        hold_until = min(hold_until, t0 + target_ts - 0.5 - time.time())
+    while time.monotonic() < hold_until:
+        await asyncio.sleep(max(0.0, min(1.0, hold_until - time.monotonic())))
         rss_samples.append(rss_kb())
     cpu1, t1 = cpu_seconds(), time.monotonic()
     statements1 = statements_sent(args.kind, args.impl)
@@ -581,6 +661,7 @@ async def measure(
     made = served1 - served0 if served0 is not None and served1 is not None else None
     polls = made or due
     steady = {
+        **startup,
         "hold_s": round(hold, 2),
         "fired_before_flip": early,
         "cpu_hold_s": round(cpu1 - cpu0, 3),
@@ -625,17 +706,25 @@ async def measure(
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
     cancel_s = time.monotonic() - t_cancel
     ticker.cancel()
+    if faithful:
+        watchdog.cancel()
+        keeper.cancel()
     stop_sampling.set()
 
     latencies = [fired[i] - times[i] for i in fired if times[i]]
     statuses: dict[str, int] = {}
     for payload in events.values():
-        status = payload.get("status", "?") if isinstance(payload, dict) else repr(payload)[:20]
+        if isinstance(payload, dict):
+            status = payload.get("status", "?")
+        else:  # the faithful harness keeps only the status (or a short repr) of each event
+            status = payload if isinstance(payload, str) else repr(payload)[:20]
         statuses[str(status)] = statuses.get(str(status), 0) + 1
     return {
         "kind": args.kind,
         "impl": args.impl,
         "n": args.n,
+        "harness": args.harness,
+        **({} if args.bookkeeping else {"bookkeeping": False}),
         **({"topics": args.topics, "unrelated_topics": args.unrelated_topics} if args.kind.startswith("kafka") else {}),
         "poll_interval": args.poll_interval,
         "warmup_s": args.warmup,
@@ -662,12 +751,53 @@ async def measure(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--kind", choices=KINDS)
-    parser.add_argument("--impl", choices=["kit", "official"], default="kit")
+    parser.add_argument(
+        "--impl",
+        choices=["kit", "official", "floor"],
+        default="kit",
+        help="floor (datetime, airflow harness): a trigger that only sleeps, i.e. what Airflow's runner itself costs",
+    )
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--poll-interval", type=float, default=30.0)
     parser.add_argument("--hold", type=float, default=30.0, help="seconds of steady waiting measured")
-    parser.add_argument("--warmup", type=float, default=None, help="seconds before the hold (default: poll + 3)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="at least this many seconds before the hold (default: poll + 3 with --harness plain, else 0)",
+    )
+    parser.add_argument(
+        "--harness",
+        choices=["airflow", "plain"],
+        default="airflow",
+        help="airflow: waits deferred by their sensors and run by Airflow's own TriggerRunner (greenback portal, "
+        "structlog JSON at INFO), the hold starting once every wait has polled; plain: cls(**kwargs) tasks, "
+        "logging at WARNING, the hold after --warmup (the method before)",
+    )
+    parser.add_argument(
+        "--no-bookkeeping",
+        dest="bookkeeping",
+        action="store_false",
+        help="airflow harness: leave out the runner's once-a-second round over every trigger "
+        "(cleanup_finished_triggers, one loop iteration per trigger)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        help="airflow harness: seconds for every wait to make its first poll; past it the cell is reported "
+        "as never reaching a steady state (no hold is measured)",
+    )
     parser.add_argument("--event-timeout", type=float, default=None, help="default: 2 x poll + 20")
+    parser.add_argument(
+        "--datetime-startup",
+        type=float,
+        default=0.0,
+        help="datetime, airflow harness: seconds allowed for start-up before the hold (the target comes after)",
+    )
+    parser.add_argument(
+        "--object-census", action="store_true", help="report the objects each wait keeps alive, by type"
+    )
     parser.add_argument("--out", help="append the JSON line to this file too")
     parser.add_argument(
         "--freeze-gc", action="store_true", help="gc.freeze() after start-up, so full collections skip the imports"
@@ -684,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind is None:
         parser.error("--kind is required")
     if args.warmup is None:
-        args.warmup = args.poll_interval + 3
+        args.warmup = args.poll_interval + 3 if args.harness == "plain" else 0.0
     if args.event_timeout is None:
         args.event_timeout = 2 * args.poll_interval + 20
 
@@ -692,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(
         AIRFLOW_HOME=home,
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
+        AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING" if args.harness == "plain" else "INFO",
         AIRFLOW__CORE__UNIT_TEST_MODE="False",
     )
     real_stdout = sys.stdout
@@ -726,19 +856,28 @@ def main(argv: list[str] | None = None) -> int:
             if ready != "READY":
                 raise SystemExit(f"flipper failed to prepare the {args.kind} server: {ready!r}")
         # Import Airflow and the trigger modules (and their clients) before the baseline.
-        import airflow  # noqa: F401
+        import airflow
 
         build(args.kind, args.impl, 1, args.poll_interval, dt.datetime.now(dt.timezone.utc).isoformat(), args.topics)
         if args.kind.startswith("kafka") and args.impl == "kit":
             import aiokafka  # noqa: F401
-        logging.getLogger().setLevel(logging.WARNING)
-        for name in ("airflow", "airflow_deferrable_kit", "airflow.triggers", "aiokafka", "botocore"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+        if args.harness == "plain":
+            logging.getLogger().setLevel(logging.WARNING)
+            for name in ("airflow", "airflow_deferrable_kit", "airflow.triggers", "aiokafka", "botocore"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+        else:
+            import airflow.jobs.triggerer_job_runner  # noqa: F401 - the runner's imports belong to the baseline
+
+            from benchmarks.faithful import configure_triggerer_logging
+
+            configure_triggerer_logging()
         # The official S3 trigger print()s every poll; that cost stays, its output goes nowhere.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         target_ts = None
         if args.kind == "datetime":
-            target_ts = time.time() + args.warmup + args.hold + 0.5
+            # The faithful harness builds every sensor's deferral first (about 1 ms each).
+            setup = 0.0 if args.harness == "plain" else 5.0 + args.n / 500
+            target_ts = time.time() + setup + max(args.warmup, args.datetime_startup) + args.hold + 0.5
         loop = asyncio.new_event_loop()
         try:
             result = loop.run_until_complete(measure(args, flipper, target_ts, endpoint))

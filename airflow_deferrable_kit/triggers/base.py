@@ -11,7 +11,6 @@ in one place.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import datetime as dt
 import json
@@ -22,6 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any, ClassVar
 
+import structlog
 from airflow.triggers.base import (
     BaseEventTrigger,
     BaseTrigger,
@@ -69,8 +69,16 @@ WAKES_PER_TURN_START, WAKES_PER_TURN_MIN, WAKES_PER_TURN_MAX = 16, 4, 4096
 #: Sleeps ending within the same slot of this many seconds share one timer (never ending early).
 WAKE_RESOLUTION = 0.005
 
-#: The pacer turn in which this task was last woken: its next turn request passes at once.
-_woken_in_turn: contextvars.ContextVar[int] = contextvars.ContextVar("woken_in_turn", default=-1)
+#: A sleep shares its timer with sleeps ending in the same slot, at most this share of its length
+#: wide (a slot is WAKE_RESOLUTION times a power of two): 30 s polls share 60 ms slots, so 10,000
+#: spread waits hold ~500 timers, not ~6,000; a short sleep keeps the 5 ms resolution.
+SLOT_SHARE = 1 / 500
+
+
+def _slot(end: float, seconds: float) -> int:
+    """The slot (in WAKE_RESOLUTION units) a sleep of ``seconds`` ending at ``end`` wakes in; never early."""
+    factor = 1 << max(0, int(seconds * SLOT_SHARE / WAKE_RESOLUTION).bit_length() - 1)
+    return math.ceil(end / (WAKE_RESOLUTION * factor)) * factor
 
 
 class _Pacer:
@@ -94,11 +102,13 @@ class _Pacer:
         self._turn = 0
         self._turn_started = time.thread_time()
         self._turn_scheduled = False
+        #: Tasks woken in the current turn (emptied every turn: nothing is kept per wait).
+        self._woken_this_turn: set[asyncio.Task[Any] | None] = set()
 
     async def sleep(self, seconds: float) -> None:
         """Sleep at least ``seconds`` (``0``: just take a turn), then wait for this wait's turn."""
         if seconds <= 0:
-            if _woken_in_turn.get() == self._turn:
+            if self._woken_this_turn and asyncio.current_task() in self._woken_this_turn:
                 return  # woken from a sleep in this very turn: already counted
             if not self._due and self._woken < self._per_turn:
                 self._woken += 1
@@ -108,7 +118,7 @@ class _Pacer:
             self._due.append(ticket)
             self._schedule_turn()
         else:
-            slot = math.ceil((self._loop.time() + seconds) / WAKE_RESOLUTION)
+            slot = _slot(self._loop.time() + seconds, seconds)
             ticket = self._loop.create_future()
             sleepers = self._slots.get(slot)
             if sleepers is None:
@@ -116,10 +126,14 @@ class _Pacer:
                 self._loop.call_at(slot * WAKE_RESOLUTION, self._slot_due, slot)
             sleepers.append(ticket)
         await ticket  # a cancelled ticket is skipped when its turn comes
-        _woken_in_turn.set(self._turn)
+        self._woken_this_turn.add(asyncio.current_task())
 
     def _slot_due(self, slot: int) -> None:
-        self._due.extend(self._slots.pop(slot))
+        self.wake(self._slots.pop(slot))
+
+    def wake(self, tickets: list[asyncio.Future[None]]) -> None:
+        """Queue futures that are due now (sleepers of a shared timer) for their paced turns."""
+        self._due.extend(tickets)
         self._schedule_turn()
 
     def _schedule_turn(self) -> None:
@@ -139,6 +153,7 @@ class _Pacer:
         self._turn_started = now
         self._turn_scheduled = False
         self._woken = 0
+        self._woken_this_turn.clear()
         while self._due and self._woken < self._per_turn:
             ticket = self._due.popleft()
             if not ticket.done():
@@ -149,6 +164,13 @@ class _Pacer:
 
 
 _pacers: PerLoop[_Pacer] = PerLoop(lambda: _Pacer(asyncio.get_running_loop()))
+
+#: Events of one process handed to the triggerer and not yet taken in (logged and queued by it).
+#: The triggerer logs each event through a thread pool before it queues it; 10,000 waits due
+#: at one moment would otherwise queue 10,000 log jobs at once, whose objects outlive young
+#: garbage collections and set off full ones (seconds of loop lag at that size).
+EVENTS_IN_FLIGHT = 32
+_event_gates: PerLoop[asyncio.Semaphore] = PerLoop(lambda: asyncio.Semaphore(EVENTS_IN_FLIGHT))
 
 
 def _pacer() -> _Pacer:
@@ -242,6 +264,24 @@ class PollingTrigger(BaseTrigger):
     #: package's waits are named by module (``s3``, ``datetime``), yours by class name.
     metrics_name: ClassVar[str | None] = None
 
+    @property
+    def log(self) -> Any:
+        """One logger per trigger class, not one per waiting trigger (same name, same output).
+
+        Airflow's ``LoggingMixin`` builds and keeps a logger on every instance that logs; with
+        10,000 waits that is 10,000 loggers for the garbage collector to walk.
+        """
+        cls = type(self)
+        logger = cls.__dict__.get("_class_logger")
+        if logger is None:
+            # LoggingMixin's naming: ``_logger_name`` or module.class, under ``_log_config_logger_name``.
+            name = cls._logger_name if cls._logger_name is not None else f"{cls.__module__}.{cls.__name__}"
+            if cls._log_config_logger_name:
+                name = f"{cls._log_config_logger_name}.{name}" if name else cls._log_config_logger_name
+            logger = structlog.get_logger(name)
+            cls._class_logger = logger  # type: ignore[attr-defined]
+        return logger
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(kw_only=True, eq=False, repr=False)(cls)
@@ -249,7 +289,7 @@ class PollingTrigger(BaseTrigger):
 
     def __post_init__(self) -> None:
         BaseTrigger.__init__(self)
-        self._leases = Leases()
+        self._leases: Leases | None = None  # made on the first lease: most waits hold one client or none
         self._deadline_ts: float | None = None
         self._metrics = for_trigger(type(self))
         if self.extra is not None:
@@ -306,6 +346,8 @@ class PollingTrigger(BaseTrigger):
 
     async def lease(self, key: Hashable, factory: Factory, close: Closer) -> Any:
         """A client shared with every trigger using the same ``key`` in this loop, held until exit."""
+        if self._leases is None:
+            self._leases = Leases()
         return await self._leases.get(key, factory, close)
 
     # --------------------------------------------------------------------- serialization
@@ -334,14 +376,17 @@ class PollingTrigger(BaseTrigger):
         finally:
             await self.release()
         self._metrics.event(payload["status"], self.clock.time() - started)
-        yield self.to_event(payload)
+        event = self.to_event(payload)
+        async with _event_gates.get():  # uncontended, this takes no turn
+            yield event
 
     async def cleanup(self) -> None:
         await self.release()
 
     async def release(self) -> None:
         """Give back every shared client this trigger leased (idempotent)."""
-        await self._leases.release_all()
+        if self._leases is not None and len(self._leases):
+            await self._leases.release_all()
 
     def seconds_left(self) -> float | None:
         if self._deadline_ts is None:
@@ -411,7 +456,10 @@ class PollingTrigger(BaseTrigger):
                 delay = min(delay, max(left, 0.0))
             if failures:
                 self._metrics.backoff(delay)
-            await self.pause(delay)
+            if type(self).pause is PollingTrigger.pause and type(self.clock).sleep is Clock.sleep:
+                await _pacer().sleep(delay)  # what pause() does, two coroutine frames fewer per sleeping wait
+            else:
+                await self.pause(delay)
 
     async def _check_before(self, left: float | None) -> Found | object | None:
         """Run one check, abandoning it if the deadline passes while it is in flight."""

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from airflow_deferrable_kit.triggers.base import Found, PollingTrigger, parse_deadline
+import asyncio
+import time
+from typing import Any
+
+from airflow_deferrable_kit._per_loop import PerLoop
+from airflow_deferrable_kit._wall_clock import WallClockAlarm
+from airflow_deferrable_kit.payload import success_payload
+from airflow_deferrable_kit.triggers.base import SYSTEM_CLOCK, Found, PollingTrigger, _pacer, parse_deadline
+
+_alarms: PerLoop[WallClockAlarm] = PerLoop(lambda: WallClockAlarm(asyncio.get_running_loop(), _pacer().wake))
 
 
 class DateTimeTrigger(PollingTrigger):
     """Fire when ``target_time`` (ISO 8601 with a UTC offset) is reached.
 
-    Sleeps straight to the target but never longer than ``poll_interval`` at a time, and checks
-    the wall clock after each sleep: a clock step (NTP, VM resume) is noticed within one
-    ``poll_interval`` instead of trusting one long monotonic sleep.
+    On the system clock a wait costs nothing until its moment: one alarm per triggerer process
+    (:mod:`airflow_deferrable_kit._wall_clock`) holds every wait's moment and re-reads the wall
+    clock at least once a second, so a clock step (NTP, VM resume) is noticed within a second and
+    a step backwards never fires early. Waits due at the same moment wake a batch per loop
+    iteration. With another clock (a test's), the wait sleeps straight to the target in chunks no
+    longer than ``poll_interval`` and checks the clock after each.
     """
 
     target_time: str
@@ -31,3 +43,18 @@ class DateTimeTrigger(PollingTrigger):
 
     def next_poll_delay(self) -> float:
         return min(float(self.poll_interval), self._target_ts - self.clock.time())
+
+    async def wait(self) -> dict[str, Any]:
+        if self.clock is not SYSTEM_CLOCK:
+            return await super().wait()
+        self.log.info("Waiting: %s (deadline %s)", self.describe(), self.deadline or "none")
+        deadline = self._deadline_ts
+        moment = self._target_ts if deadline is None else min(self._target_ts, deadline)
+        while True:
+            self._metrics.poll()
+            now = time.time()
+            if deadline is not None and now >= deadline:
+                return self._timed_out()
+            if now >= self._target_ts:
+                return self._safe(success_payload, Found({"target_time": self.target_time}))
+            await _alarms.get().until(moment)
