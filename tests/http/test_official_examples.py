@@ -25,6 +25,7 @@ from tests.fixtures.official_examples.calls import ExampleCall
 from tests.http.conftest import Server, reply, script
 
 CHECK_ASYNC: ExampleCall = next(c for c in http.CALLS if c.task_id == "http_sensor_check_async")
+CHECK: ExampleCall = next(c for c in http.CALLS if c.task_id == "http_sensor_check")
 
 
 def deferred_trigger(server: Server, connection: Callable[..., str]) -> tuple[Any, HttpBatchReadyTrigger]:
@@ -56,3 +57,40 @@ def test_no_2xx_before_the_timeout_fails_the_task(
     with pytest.raises(AirflowSensorTimeout):
         task.execute_complete(make_context(task), payload)
     assert len(server.requests) >= 2  # it kept asking
+
+
+# ------------------------------------------------------------- http_sensor_check (response_check)
+HTTPBIN_PAGE = "<html><title>httpbin.org</title></html>"
+
+
+@pytest.mark.parametrize("met", [True, False], ids=["body_names_httpbin", "body_does_not"])
+def test_the_response_check_example_pokes_as_officially(
+    met: bool, serve: Callable[..., Server], connection: Callable[..., str]
+) -> None:
+    """As the example runs it (no ``deferrable``: Airflow's default, poking): the lambda decides."""
+    server = serve(script(lambda: reply(200, HTTPBIN_PAGE if met else "<html>other</html>")))
+    connection("http_default", host="127.0.0.1", port=server.port)
+    task = CHECK.kit_class()(**CHECK.filled({}))
+    assert task.deferrable is False and task.poke_interval == 5
+    result = task.poke(make_context(task))
+    assert bool(getattr(result, "is_done", result)) is met  # officially: poke() is response_check's answer
+
+
+def test_the_response_check_example_deferred_ends_on_a_body_naming_httpbin(
+    serve: Callable[..., Server], connection: Callable[..., str]
+) -> None:
+    """With ``deferrable=True`` the lambda still decides, in the worker: a refused body waits on
+    (a pause, then a look from the worker), and the body that names httpbin ends the wait."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    bodies = iter(["<html>other</html>", HTTPBIN_PAGE])
+    server = serve(script(lambda: reply(200, next(bodies, HTTPBIN_PAGE))))
+    connection("http_default", host="127.0.0.1", port=server.port)
+    task = CHECK.kit_class()(**CHECK.filled({}), deferrable=True)
+    context = make_context(task)
+    with pytest.raises(TaskDeferred) as paused:
+        task.execute(context)  # the first look in the worker: a 200 the lambda refuses
+    assert paused.value.method_name == "resume_after_pause"
+    payload = task.resume_after_pause(context, {"status": "success"}, **paused.value.kwargs)
+    assert payload["status"] == "success" and payload["status_code"] == 200
+    assert len(server.requests) == 2
