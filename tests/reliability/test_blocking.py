@@ -5,7 +5,9 @@ Runs, under asyncio debug mode with a 50 ms slow-callback threshold
 whose condition holds, to its event, and 50 waiting triggers through their first poll until they
 are cancelled and cleaned up — client creation, connection resolution, polling, cancellation and
 client close all inside the watch. The connection lookup is warmed first (Airflow imports its
-lookup machinery once per process, off the loop).
+lookup machinery once per process, off the loop). The first trigger of a kind also runs in a
+fresh process, where lazy imports would show; a report there counts when it repeats in each of
+three fresh processes (the code blocks every time, a busy machine does not).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from airflow_deferrable_kit.testing import run_trigger, watch_blocking
 from .conftest import KINDS, Waits
 
 WAITING = 50
+#: Fresh processes a first-trigger report must repeat in before it counts.
+FRESH_RUNS = 3
 
 
 async def held() -> int:
@@ -65,15 +69,23 @@ def test_first_trigger_in_a_fresh_triggerer_process_does_not_block(kind: str, wa
 
     classpath, kwargs = waits.trigger(kind, ready=True).serialize()
     spec = json.dumps([classpath, kwargs, None if kind == "datetime" else f"rel_{kind}"])
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.reliability.first_run", spec],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[2],  # the repository root, so `tests` imports
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
-    assert result["payload"]["status"] == "success", result["payload"]
-    assert result["blocked"] == []
+    reports: list[list[str]] = []
+    # What a fresh process does first (a lazy import, a file read) blocks in every fresh process;
+    # a disk or a GIL holder that another job on the machine held up does not do it again. So a
+    # report counts only if each of FRESH_RUNS fresh processes makes one.
+    for _ in range(FRESH_RUNS):
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.reliability.first_run", spec],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parents[2],  # the repository root, so `tests` imports
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        assert done.returncode == 0 and lines, done.stderr[-3000:]
+        result = json.loads(lines[-1].removeprefix("RESULT "))
+        assert result["payload"]["status"] == "success", result["payload"]
+        reports.append(result["blocked"])
+        if not result["blocked"]:
+            break
+    assert [] in reports, reports
