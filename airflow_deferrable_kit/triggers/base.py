@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any, ClassVar
 
-import structlog
 from airflow.triggers.base import (
     BaseEventTrigger,
     BaseTrigger,
@@ -263,24 +262,6 @@ class PollingTrigger(BaseTrigger):
     #: The wait's segment in metric names (``deferrable_kit.<name>.polls``); ``None``: this
     #: package's waits are named by module (``s3``, ``datetime``), yours by class name.
     metrics_name: ClassVar[str | None] = None
-
-    @property
-    def log(self) -> Any:
-        """One logger per trigger class, not one per waiting trigger (same name, same output).
-
-        Airflow's ``LoggingMixin`` builds and keeps a logger on every instance that logs; with
-        10,000 waits that is 10,000 loggers for the garbage collector to walk.
-        """
-        cls = type(self)
-        logger = cls.__dict__.get("_class_logger")
-        if logger is None:
-            # LoggingMixin's naming: ``_logger_name`` or module.class, under ``_log_config_logger_name``.
-            name = cls._logger_name if cls._logger_name is not None else f"{cls.__module__}.{cls.__name__}"
-            if cls._log_config_logger_name:
-                name = f"{cls._log_config_logger_name}.{name}" if name else cls._log_config_logger_name
-            logger = structlog.get_logger(name)
-            cls._class_logger = logger  # type: ignore[attr-defined]
-        return logger
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
