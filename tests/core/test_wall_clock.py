@@ -139,14 +139,6 @@ async def test_a_waiting_datetime_trigger_keeps_few_objects_alive() -> None:
     assert per_wait < 16
 
 
-def test_waits_of_one_class_share_one_logger_named_as_airflow_names_it() -> None:
-    first = DateTimeTrigger(target_time=iso(time.time() + 60))
-    second = DateTimeTrigger(target_time=iso(time.time() + 120))
-    assert first.log is second.log
-    assert "_log" not in vars(first)  # nothing kept on the instance
-    assert first.log.name == "airflow_deferrable_kit.triggers.temporal.DateTimeTrigger"
-
-
 @pytest.mark.parametrize("seconds", [0.001, 0.5, 3.0, 30.0, 300.0, 86_400.0])
 def test_shared_sleep_slots_never_end_early_and_stay_within_their_share(seconds: float) -> None:
     for start in (1_000.0, 1_000.0013, 123_456.789):
