@@ -18,7 +18,6 @@ from typing import Any
 
 import botocore.session
 import pytest
-from aiohttp import web
 
 from airflow_deferrable_kit.sensors.base import DeferrableSensor
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
@@ -29,18 +28,14 @@ from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
 from airflow_deferrable_kit.testing import assert_defers, make_context
 from airflow_deferrable_kit.triggers.base import PollingTrigger
 from scripts import services
-from tests.http.conftest import Seen, Server
+from tests.http.conftest import Server
 from tests.kafka.conftest import Message, create_topic, produce
+from tests.reliability import http_api
 
 KINDS = ("s3", "http", "postgres", "kafka", "datetime")
 SECRETS = {kind: f"s3cr3t-{kind}" for kind in KINDS}
 BUCKET = "adk-reliability"
 TABLE = "reliability.batch_markers"
-
-
-def _http_handler(seen: Seen) -> web.StreamResponse:
-    state = "ready" if seen.path.endswith("/ready") else "pending"
-    return web.json_response({"state": state, "rows": 7})
 
 
 @dataclass
@@ -108,7 +103,7 @@ def world(
     bootstrap = kafka_broker.bootstrap_servers
     asyncio.run(create_topic(bootstrap, topic, partitions=1))
     asyncio.run(produce(bootstrap, topic, Message(key="ready", value={"rows": 7})))
-    http = Server(_http_handler).start()
+    http = Server(http_api.handler).start()
     try:
         yield World(postgres=postgres_server, s3=s3_server, kafka=kafka_broker, http=http, topic=topic)
     finally:

@@ -7,12 +7,18 @@ are cancelled and cleaned up — client creation, connection resolution, polling
 client close all inside the watch. The connection lookup is warmed first (Airflow imports its
 lookup machinery once per process, off the loop). The first trigger of a kind also runs in a
 fresh process, where lazy imports would show; a report there counts when it repeats in each of
-three fresh processes (the code blocks every time, a busy machine does not).
+three fresh processes (the code blocks every time, a busy machine does not). The HTTP API
+answers from a process of its own here: a server thread in the test process would hold the GIL
+the loop waits for, which no real triggerer shares.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +26,7 @@ import pytest
 from airflow_deferrable_kit import clients
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.testing import run_trigger, watch_blocking
+from scripts import services
 
 from .conftest import KINDS, Waits
 
@@ -28,14 +35,40 @@ WAITING = 50
 FRESH_RUNS = 3
 
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository root, so `tests` imports
+
+
+@pytest.fixture(scope="module")
+def http_elsewhere() -> Iterator[int]:
+    """The reliability HTTP API in a process of its own; yields its port."""
+    port = services.free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability.http_api", str(port)],
+        stdin=subprocess.PIPE,
+        cwd=ROOT,
+        start_new_session=True,  # stop_process signals its whole group
+    )
+    try:
+        services.wait_for_port(port, timeout=60, proc=proc, what="the reliability HTTP API process")
+        yield port
+    finally:
+        services.stop_process(proc)
+
+
 async def held() -> int:
     return sum(clients.held_keys().values())
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_no_blocking_report(kind: str, waits: Waits) -> None:
+async def test_no_blocking_report(
+    kind: str, waits: Waits, http_elsewhere: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if kind == "http":
+        conn = waits.world.connections()["http"] | {"port": http_elsewhere}
+        monkeypatch.setenv("AIRFLOW_CONN_REL_HTTP", json.dumps(conn))
     if kind != "datetime":
         await get_connection(f"rel_{kind}")
+    served_here = len(waits.world.http.requests)
     ready = waits.trigger(kind, ready=True)
     waiting = [waits.trigger(kind, ready=False) for _ in range(WAITING)]
 
@@ -56,6 +89,7 @@ async def test_no_blocking_report(kind: str, waits: Waits) -> None:
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results[:3]
     assert blocked == []
     assert clients.held_keys() == {}
+    assert len(waits.world.http.requests) == served_here  # the in-process server was not asked
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -63,10 +97,6 @@ def test_first_trigger_in_a_fresh_triggerer_process_does_not_block(kind: str, wa
     """A real triggerer runs the first trigger of a kind in a process that has imported nothing
     of its client library yet: lazy imports inside ``run()`` would block the loop there, which an
     in-process test (where other tests already imported everything) cannot see."""
-    import json
-    import subprocess
-    import sys
-
     classpath, kwargs = waits.trigger(kind, ready=True).serialize()
     spec = json.dumps([classpath, kwargs, None if kind == "datetime" else f"rel_{kind}"])
     reports: list[list[str]] = []
@@ -79,7 +109,7 @@ def test_first_trigger_in_a_fresh_triggerer_process_does_not_block(kind: str, wa
             capture_output=True,
             text=True,
             timeout=120,
-            cwd=Path(__file__).resolve().parents[2],  # the repository root, so `tests` imports
+            cwd=ROOT,
         )
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         assert done.returncode == 0 and lines, done.stderr[-3000:]
