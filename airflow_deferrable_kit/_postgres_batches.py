@@ -49,6 +49,8 @@ from airflow_deferrable_kit import clients
 from airflow_deferrable_kit._postgres_client import (
     classify_postgres_error,
     close_pool,
+    connection_lost,
+    is_lost,
     open_pool,
     pooled,
     query_timed_out,
@@ -447,7 +449,9 @@ class PostgresBatches:
                         if batch.task is not None and batch.task.exception() is not None:  # a bug: say so
                             for ask in batch.asks.values():
                                 _settle(ask, error=batch.task.exception())
-            except _CalledOff:
+                        if waiting and is_lost(connection):  # closed under the batch: the next needs another
+                            raise _Lost
+            except (_CalledOff, _Lost):
                 continue  # pooled() dropped or released the connection as for any cancelled query
             except asyncio.CancelledError:
                 raise
@@ -505,6 +509,9 @@ class PostgresBatches:
         for ask in asks:
             if not ask.pending():
                 continue
+            if is_lost(connection):  # an earlier ask's query lost it: this one was never sent
+                _settle(ask, error=connection_lost())
+                continue
             try:
                 _count()
                 row = await connection.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
@@ -534,6 +541,10 @@ class PostgresBatches:
 
 class _CalledOff(asyncio.CancelledError):
     """A lane's batch was called off in flight: its connection is given back as a cancelled query's."""
+
+
+class _Lost(Exception):
+    """A lane's connection was closed under its batch: the batches after it take a fresh one."""
 
 
 def _is_transient(exc: Exception) -> bool:

@@ -305,6 +305,30 @@ def query_timed_out(timeout: float) -> TransientError:
     )
 
 
+def is_lost(connection: Any) -> bool:
+    """Whether a pooled connection can run no more queries: the server or the network closed it.
+
+    asyncpg gives a connection that was closed under it back to its pool at once, while the
+    borrower still holds it: every later call on it raises ``InterfaceError: ... connection has
+    been released back to the pool``, which is neither the outage it is nor a bug of the wait.
+    """
+    import asyncpg
+
+    try:
+        return bool(connection.is_closed())
+    except asyncpg.InterfaceError:
+        return True
+
+
+def connection_lost() -> TransientError:
+    """The error of a query that was not sent: its pooled connection was closed before its turn."""
+    return TransientError(
+        "the Postgres connection was closed before the query could be sent (the server closed it, "
+        "or the network dropped it)",
+        error_type=ErrorType.NETWORK,
+    )
+
+
 async def release_cancelled(pool: asyncpg.Pool, connection: Any) -> None:
     """Give back a connection whose query was cancelled, without letting a hung server hold us.
 

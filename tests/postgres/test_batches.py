@@ -344,6 +344,54 @@ async def test_cancelling_one_wait_does_not_cancel_its_batch(
     assert held_keys() == {}
 
 
+async def test_a_connection_the_server_closes_mid_batch_is_not_used_for_the_next_batch(
+    connect: ConnSetter, admin: asyncpg.Connection, markers: str
+) -> None:
+    """asyncpg hands a connection the server closed back to its pool on its own, and every call
+    on it then fails with "connection has been released back to the pool": the next batch of
+    the same lane must be asked on a fresh connection, not fail as an internal error.
+
+    Two shapes (two aliases of one query) sleep while a gate table is empty, so whichever batch
+    the lane sends first is the one in flight; its server session is terminated, the gate opened.
+    """
+    conn_id = connect(extra={"pool_max_size": 1})  # one lane: the two shapes' batches share a connection
+    gate = unique("gate")
+    await admin.execute(f"CREATE TABLE {gate} (open boolean)")
+    await admin.execute(f"INSERT INTO {markers} (batch_id, status) VALUES ('a', 'done')")
+    sleep = f"pg_sleep(CASE WHEN EXISTS (SELECT FROM {gate}) THEN 0 ELSE 30 END)"
+    shapes = [f"SELECT {alias}.batch_id FROM {markers} AS {alias}, {sleep} WHERE {alias}.batch_id = $1 LIMIT 1"
+              for alias in ("m1", "m2")]  # fmt: skip
+    engine = await open_batches(conn_id)
+    try:
+        for sql in shapes:
+            await engine.parameter_types(sql, 60)
+        lanes_before = len(engine._lanes)
+        asks = [asyncio.ensure_future(engine.fetch_row(sql, ["a"], timeout=60, window=0.2)) for sql in shapes]
+        rows: list[asyncpg.Record] = []
+        for _ in range(200):
+            rows = await admin.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' "
+                "AND query LIKE '%pg_sleep%'",
+                conn_id,
+            )
+            if rows:
+                break
+            await asyncio.sleep(0.05)
+        assert len(rows) == 1, "one batch in flight on the one connection"
+        assert len(engine._lanes) - lanes_before == 1  # both batches are the one lane's
+        await admin.execute(f"INSERT INTO {gate} VALUES (true)")
+        await admin.execute("SELECT pg_terminate_backend($1)", rows[0]["pid"])
+        outcomes = await asyncio.wait_for(asyncio.gather(*asks, return_exceptions=True), 20)
+    finally:
+        await close_batches(engine)
+        await admin.execute(f"DROP TABLE {gate}")
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    answered = [dict(o.items()) for o in outcomes if not isinstance(o, BaseException)]
+    assert len(errors) == 1 and _postgres_batches._is_transient(errors[0]), outcomes  # the one in flight
+    assert answered == [{"batch_id": "a"}]  # the one after it, on a fresh connection
+    assert held_keys() == {}
+
+
 def test_the_engine_counts_every_statement() -> None:
     before = statement_count()
     _postgres_batches._count(3)
