@@ -24,19 +24,26 @@ import signal
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psycopg2
 import pytest
 
 from scripts import services
 from scripts.airflow_local import LocalAirflow
 from scripts.demo import API_TOKEN, batch_api
+from tests.e2e.metadata import (
+    event_connections,
+    events_in_runs,
+    new_database,
+    query,
+    set_batch,
+    sqlalchemy_url,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -74,23 +81,10 @@ class World:
         self.postgres.psql(f"INSERT INTO {self.table} (dataset, status) VALUES ('{dataset}', '{status}')")
 
     def set_batch(self, state: str) -> None:
-        request = urllib.request.Request(
-            f"{self.api_url}/v1/batches/{self.batch}",
-            data=json.dumps({"state": state}).encode(),
-            method="PUT",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_TOKEN}"},
-        )
-        with urllib.request.urlopen(request, timeout=10):
-            pass
+        set_batch(self.api_url, self.batch, state)
 
     def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        conn = psycopg2.connect(self.dsn)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                return list(cur.fetchall())
-        finally:
-            conn.close()
+        return query(self.dsn, sql, *args)
 
     def asset_events(self, asset: str) -> list[tuple[int, dict[str, Any], float]]:
         """``(id, payload, stored at)`` of every event of ``asset``, oldest first."""
@@ -107,11 +101,7 @@ class World:
 
     def events_in_runs(self, dag_id: str) -> Counter[int]:
         """How many consumer DAG runs each asset event triggered."""
-        rows = self.query(
-            "SELECT l.event_id FROM dagrun_asset_event l JOIN dag_run r ON r.id = l.dag_run_id WHERE r.dag_id = %s",
-            dag_id,
-        )
-        return Counter(int(row[0]) for row in rows)
+        return events_in_runs(self.dsn, dag_id)
 
     def watermarks(self) -> dict[str, Any]:
         """Each asset's saved watermark (the state inside the kit's envelope)."""
@@ -122,47 +112,23 @@ class World:
         return {str(name): (value if isinstance(value, dict) else json.loads(value))["state"] for name, value in rows}
 
 
-def wait_for(what: str, probe: Callable[[], T], *, timeout: float = 120, step: float = 0.5) -> T:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = probe()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
-
-
 @pytest.fixture(scope="module")
 def world(postgres_server: services.Postgres, s3_server: services.S3Server) -> Iterator[World]:
     tag = uuid.uuid4().hex[:8]
-    database, table, bucket = f"airflow_events_{tag}", f"adk_e2e_loads_{tag}", f"adk-e2e-events-{tag}"
-    postgres_server.psql(f"CREATE DATABASE {database}")
+    table, bucket = f"adk_e2e_loads_{tag}", f"adk-e2e-events-{tag}"
+    dsn = new_database(postgres_server, "airflow_events")
     postgres_server.psql(
         f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL, status text NOT NULL DEFAULT 'done')"
     )
-    dsn = f"postgresql://postgres@127.0.0.1:{postgres_server.port}/{database}"
     dags = Path(tempfile.mkdtemp(prefix="adk-events-dags-"))
     shutil.copy(DAGS / "e2e_events.py", dags / "e2e_events.py")
     with contextlib.ExitStack() as stack:
         api_url = stack.enter_context(batch_api())
-        host, port = api_url.removeprefix("http://").split(":")
-        connections = {
-            "ADK_E2E_S3": {
-                "conn_type": "aws",
-                "login": "e2e",
-                "password": "e2e",
-                "extra": {"region_name": "us-east-1", "endpoint_url": s3_server.endpoint_url},
-            },
-            "ADK_E2E_PG": {"conn_type": "postgres", "host": "127.0.0.1", "port": postgres_server.port,
-                           "login": "postgres", "schema": "postgres"},
-            "ADK_E2E_API": {"conn_type": "http", "host": host, "port": int(port), "schema": "http",
-                            "password": API_TOKEN, "extra": {"auth_type": "bearer"}},
-        }  # fmt: skip
         airflow = LocalAirflow(
             dags_folder=dags,
-            sql_alchemy_conn=dsn.replace("postgresql://", "postgresql+psycopg2://"),
+            sql_alchemy_conn=sqlalchemy_url(dsn),
             extra_env={
-                **{f"AIRFLOW_CONN_{name}": json.dumps(conn) for name, conn in connections.items()},
+                **event_connections(api_url, s3_server, postgres_server),
                 "ADK_E2E_EVENTS_BUCKET": bucket,
                 "ADK_E2E_EVENTS_TABLE": table,
                 "ADK_E2E_EVENTS_BATCH": f"events-{tag}",
@@ -374,7 +340,7 @@ def kafka_world(postgres_server: services.Postgres, kafka_broker: services.Kafka
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     tag = uuid.uuid4().hex[:8]
-    database, topic = f"airflow_kafka_events_{tag}", f"adk-e2e-orders-{tag}"
+    topic = f"adk-e2e-orders-{tag}"
 
     async def create_topic() -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
@@ -385,14 +351,13 @@ def kafka_world(postgres_server: services.Postgres, kafka_broker: services.Kafka
             await admin.close()
 
     asyncio.run(create_topic())
-    postgres_server.psql(f"CREATE DATABASE {database}")
-    dsn = f"postgresql://postgres@127.0.0.1:{postgres_server.port}/{database}"
+    dsn = new_database(postgres_server, "airflow_kafka_events")
     dags = Path(tempfile.mkdtemp(prefix="adk-kafka-events-dags-"))
     shutil.copy(DAGS / "e2e_kafka_events.py", dags / "e2e_kafka_events.py")
     connection = {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_broker.bootstrap_servers}}
     airflow = LocalAirflow(
         dags_folder=dags,
-        sql_alchemy_conn=dsn.replace("postgresql://", "postgresql+psycopg2://"),
+        sql_alchemy_conn=sqlalchemy_url(dsn),
         extra_env={
             "AIRFLOW_CONN_ADK_E2E_KAFKA": json.dumps(connection),
             "ADK_E2E_EVENTS_TOPIC": topic,

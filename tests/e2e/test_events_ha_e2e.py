@@ -23,19 +23,27 @@ import signal
 import statistics
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psycopg2
 import pytest
 
 from scripts import services
 from scripts.airflow_local import LocalAirflow
-from scripts.demo import API_TOKEN, batch_api
+from scripts.demo import batch_api
+from tests.e2e.metadata import (
+    event_connections,
+    events_in_runs,
+    new_database,
+    query,
+    running_triggerers,
+    set_batch,
+    sqlalchemy_url,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -45,16 +53,6 @@ KINDS = (S3, PG, HTTP)
 #: Items per kind and phase.
 N = 4
 T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T], *, timeout: float = 120, step: float = 0.5) -> T:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = probe()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
 
 
 @dataclasses.dataclass
@@ -70,17 +68,10 @@ class HaWorld:
     jobs: dict[int, str] = dataclasses.field(default_factory=dict)  # triggerer job id -> process name
 
     def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        conn = psycopg2.connect(self.dsn)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                return list(cur.fetchall())
-        finally:
-            conn.close()
+        return query(self.dsn, sql, *args)
 
     def running_triggerers(self) -> list[int]:
-        rows = self.query("SELECT id FROM job WHERE job_type = 'TriggererJob' AND state = 'running' ORDER BY id")
-        return [int(row[0]) for row in rows]
+        return running_triggerers(self.dsn)
 
     def holders(self) -> Counter[int | None]:
         """How many watcher triggers each triggerer job holds."""
@@ -98,11 +89,7 @@ class HaWorld:
         return list(self.airflow.api("GET", f"/api/v2/dags/{asset}_consumer/dagRuns?limit=100")["dag_runs"])
 
     def events_in_runs(self, asset: str) -> Counter[int]:
-        rows = self.query(
-            "SELECT l.event_id FROM dagrun_asset_event l JOIN dag_run r ON r.id = l.dag_run_id WHERE r.dag_id = %s",
-            f"{asset}_consumer",
-        )
-        return Counter(int(row[0]) for row in rows)
+        return events_in_runs(self.dsn, f"{asset}_consumer")
 
     def watermark(self, asset: str) -> Any:
         rows = self.query(
@@ -141,14 +128,7 @@ class HaWorld:
         return rows[0][0] is None or (saved is not None and saved > float(rows[0][0]))
 
     def set_batch(self, state: str) -> None:
-        request = urllib.request.Request(
-            f"{self.api_url}/v1/batches/{self.batch}",
-            data=json.dumps({"state": state}).encode(),
-            method="PUT",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_TOKEN}"},
-        )
-        with urllib.request.urlopen(request, timeout=10):
-            pass
+        set_batch(self.api_url, self.batch, state)
 
     def not_ready_seen(self) -> None:
         """Turn the batch pending and wait until the HTTP watcher saved that it is not ready."""
@@ -170,27 +150,17 @@ class HaWorld:
 @pytest.fixture(scope="module")
 def ha(postgres_server: services.Postgres, s3_server: services.S3Server) -> Iterator[HaWorld]:
     tag = uuid.uuid4().hex[:8]
-    database, table, bucket = f"airflow_events_ha_{tag}", f"adk_e2e_ha_{tag}", f"adk-e2e-ha-{tag}"
-    postgres_server.psql(f"CREATE DATABASE {database}")
+    table, bucket = f"adk_e2e_ha_{tag}", f"adk-e2e-ha-{tag}"
+    dsn = new_database(postgres_server, "airflow_events_ha")
     postgres_server.psql(f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL)")
-    dsn = f"postgresql://postgres@127.0.0.1:{postgres_server.port}/{database}"
     dags = Path(tempfile.mkdtemp(prefix="adk-events-ha-dags-"))
     with contextlib.ExitStack() as stack:
         api_url = stack.enter_context(batch_api())
-        host, port = api_url.removeprefix("http://").split(":")
-        connections = {
-            "ADK_E2E_S3": {"conn_type": "aws", "login": "e2e", "password": "e2e",
-                           "extra": {"region_name": "us-east-1", "endpoint_url": s3_server.endpoint_url}},
-            "ADK_E2E_PG": {"conn_type": "postgres", "host": "127.0.0.1", "port": postgres_server.port,
-                           "login": "postgres", "schema": "postgres"},
-            "ADK_E2E_API": {"conn_type": "http", "host": host, "port": int(port), "schema": "http",
-                            "password": API_TOKEN, "extra": {"auth_type": "bearer"}},
-        }  # fmt: skip
         airflow = LocalAirflow(
             dags_folder=dags,
-            sql_alchemy_conn=dsn.replace("postgresql://", "postgresql+psycopg2://"),
+            sql_alchemy_conn=sqlalchemy_url(dsn),
             extra_env={
-                **{f"AIRFLOW_CONN_{name}": json.dumps(conn) for name, conn in connections.items()},
+                **event_connections(api_url, s3_server, postgres_server),
                 "ADK_E2E_HA_BUCKET": bucket,
                 "ADK_E2E_HA_TABLE": table,
                 "ADK_E2E_HA_BATCH": f"ha-{tag}",

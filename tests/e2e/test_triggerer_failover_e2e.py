@@ -12,17 +12,15 @@ import os
 import shutil
 import signal
 import tempfile
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
-import psycopg2
 import pytest
 
 from scripts import services
 from scripts.airflow_local import LocalAirflow
+from tests.e2e.metadata import new_database, query, running_triggerers, sqlalchemy_url, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -31,35 +29,14 @@ DAG_ID = "adk_e2e_datetime"
 T = TypeVar("T")
 
 
-def query(dsn: str, sql: str) -> list[tuple[object, ...]]:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
-
-
-def wait_for(what: str, probe: Callable[[], T], *, steps: int = 240, step: float = 0.5) -> T:
-    for _ in range(steps):
-        value = probe()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"{what} did not happen in {steps} checks")
-
-
 @pytest.fixture
 def ha_airflow(postgres_server: services.Postgres) -> Iterator[tuple[LocalAirflow, str]]:
-    database = f"airflow_ha_{uuid.uuid4().hex[:8]}"
-    postgres_server.psql(f"CREATE DATABASE {database}")
-    dsn = f"postgresql://postgres@127.0.0.1:{postgres_server.port}/{database}"
+    dsn = new_database(postgres_server, "airflow_ha")
     dags = Path(tempfile.mkdtemp(prefix="adk-ha-dags-"))
     shutil.copy(DAG, dags / DAG.name)
     airflow = LocalAirflow(
         dags_folder=dags,
-        sql_alchemy_conn=dsn.replace("postgresql://", "postgresql+psycopg2://"),
+        sql_alchemy_conn=sqlalchemy_url(dsn),
         extra_env={"AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "6"},
     )
     try:
@@ -69,11 +46,6 @@ def ha_airflow(postgres_server: services.Postgres) -> Iterator[tuple[LocalAirflo
         airflow.stop()
         shutil.rmtree(airflow.home, ignore_errors=True)
         shutil.rmtree(dags, ignore_errors=True)
-
-
-def running_triggerers(dsn: str) -> list[int]:
-    rows = query(dsn, "SELECT id FROM job WHERE job_type = 'TriggererJob' AND state = 'running' ORDER BY id")
-    return [int(str(row[0])) for row in rows]
 
 
 def test_the_other_triggerer_adopts_the_trigger_of_a_killed_one(ha_airflow: tuple[LocalAirflow, str]) -> None:
