@@ -26,8 +26,18 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, T
 
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit.extras import require_extra
-from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT
+from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value
 from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after, parse_deadline
+
+#: Bytes of a payload a task log line shows. The whole payload (up to 64 KiB) is the task's
+#: XCom; a refused candidate logs its line on every resume, so the line shows a marked cut.
+LOG_PREVIEW_BYTES = 2048
+
+
+def log_preview(payload: Any) -> Any:
+    """``payload`` for a log line: as it is when small, else its JSON cut to ``LOG_PREVIEW_BYTES``."""
+    return cap_value(payload, LOG_PREVIEW_BYTES)
+
 
 #: Parameters of :class:`PollingTrigger` that the sensor fills in itself.
 SENSOR_MANAGED = frozenset(
@@ -323,7 +333,9 @@ class DeferrableSensor(BaseSensorOperator):
             return True
         accepted = bool(self.accepts_in_worker(payload, context))
         if not accepted:
-            self.log.info("%s said not yet to what the trigger found: %s", self.checks_in_worker(), payload)
+            self.log.info(
+                "%s said not yet to what the trigger found: %s", self.checks_in_worker(), log_preview(payload)
+            )
         return accepted
 
     def pause_then_defer(self, deadline: str) -> NoReturn:
@@ -411,7 +423,7 @@ class DeferrableSensor(BaseSensorOperator):
         """Turn a payload into the task's outcome: return it, or raise the right exception."""
         status = payload.get("status") if isinstance(payload, dict) else None
         if status == SUCCESS:
-            self.log.info("Condition met: %s", payload)
+            self.log.info("Condition met: %s", log_preview(payload))
             return payload
         if status == TIMEOUT:
             message = payload.get("message") or "the wait timed out"

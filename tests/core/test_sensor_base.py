@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import (
 
 from airflow_deferrable_kit._arguments import MAX_SECONDS
 from airflow_deferrable_kit.extras import MissingExtraError
-from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE, WaitFailedError
+from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE, LOG_PREVIEW_BYTES, WaitFailedError, log_preview
 from airflow_deferrable_kit.testing import assert_defers, make_context
 from airflow_deferrable_kit.triggers.base import parse_deadline
 from tests.core.sample import CHECKS, NeedsMissingExtraSensor, ScriptedSensor, ScriptedTrigger, script
@@ -165,6 +165,29 @@ def resume(s: ScriptedSensor, event: dict) -> object:
 
 def test_success_event_payload_becomes_the_return_value() -> None:
     assert resume(sensor("r1", "none"), SUCCESS) == SUCCESS
+
+
+def test_a_large_payload_is_returned_whole_and_logged_as_a_marked_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = sensor("r1big", "none")
+    lines: list[str] = []
+    monkeypatch.setattr(type(s), "log", property(lambda self: Recorder(lines)))
+    big = {**SUCCESS, "body": "x" * 40_000}
+    assert resume(s, big) == big  # the XCom keeps it all
+    [line] = [line for line in lines if line.startswith("Condition met")]
+    assert len(line) < LOG_PREVIEW_BYTES + 200 and "more characters]" in line
+    assert log_preview(SUCCESS) == SUCCESS  # a small one is logged as it is
+
+
+class Recorder:
+    """A stand-in task logger keeping each formatted line."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def info(self, message: str, *args: object) -> None:
+        self.lines.append(message % args)
+
+    warning = debug = error = info
 
 
 @pytest.mark.parametrize("soft_fail", [False, True])
