@@ -7,7 +7,8 @@ are cancelled and cleaned up — client creation, connection resolution, polling
 client close all inside the watch. The connection lookup is warmed first (Airflow imports its
 lookup machinery once per process, off the loop). The first trigger of a kind also runs in a
 fresh process, where lazy imports would show; a report there counts when it repeats in each of
-three fresh processes (the code blocks every time, a busy machine does not). The HTTP API
+three fresh processes (the code blocks every time, a busy machine does not); in this process, a
+report counts when it repeats in each of three rounds. The HTTP API
 answers from a process of its own here: a server thread in the test process would hold the GIL
 the loop waits for, which no real triggerer shares.
 """
@@ -31,7 +32,7 @@ from scripts import services
 from .conftest import KINDS, Waits
 
 WAITING = 50
-#: Fresh processes a first-trigger report must repeat in before it counts.
+#: Rounds (and fresh processes) a report must repeat in before it counts.
 FRESH_RUNS = 3
 
 
@@ -69,6 +70,20 @@ async def test_no_blocking_report(
     if kind != "datetime":
         await get_connection(f"rel_{kind}")
     served_here = len(waits.world.http.requests)
+    # A blocking call blocks in every round; a GIL held by another thread of this process (an
+    # executor thread doing a connection lookup) or a busy disk does not do it again. So a
+    # report counts only if each of FRESH_RUNS rounds makes one, as for fresh processes below.
+    reports: list[list[str]] = []
+    for _ in range(FRESH_RUNS):
+        reports.append(await one_round(kind, waits))
+        if not reports[-1]:
+            break
+    assert [] in reports, reports
+    assert len(waits.world.http.requests) == served_here  # the in-process server was not asked
+
+
+async def one_round(kind: str, waits: Waits) -> list[str]:
+    """One trigger to its event and 50 waiting ones to their first poll and cancel, watched."""
     ready = waits.trigger(kind, ready=True)
     waiting = [waits.trigger(kind, ready=False) for _ in range(WAITING)]
 
@@ -87,9 +102,8 @@ async def test_no_blocking_report(
 
     assert event.payload["status"] == "success", event.payload
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results[:3]
-    assert blocked == []
-    assert clients.held_keys() == {}
-    assert len(waits.world.http.requests) == served_here  # the in-process server was not asked
+    assert clients.held_keys() == {}  # every client closed: the next round builds them again
+    return list(blocked)
 
 
 @pytest.mark.parametrize("kind", KINDS)
