@@ -143,9 +143,12 @@ class S3Poller:
         loop = asyncio.get_running_loop()
         while True:
             running = self._answers.in_flight(what)
-            if running is None or running[1].done() or loop.time() - running[0] <= window:
+            if running is None:
                 break
-            await asyncio.wait([running[1]])
+            started, listing_task = running
+            if listing_task.done() or loop.time() - started <= window:
+                break
+            await asyncio.wait([listing_task])
             if not group.lists(window, loop.time()):  # that listing put the folder on HEAD
                 return None
         listing: Listing | None = await self._share(

@@ -29,7 +29,7 @@ from airflow_deferrable_kit._postgres_batches import PostgresBatches, close_batc
 from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool, pooled
 from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
 from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
-from airflow_deferrable_kit._shared_polls import reuse_window as listing_reuse_window
+from airflow_deferrable_kit._shared_polls import reuse_window
 from airflow_deferrable_kit.conditions import DEFAULT, MISSING, Acceptor, ConditionSet, Verdict, explain, lookup
 from airflow_deferrable_kit.payload import (
     ConditionFailed,
@@ -394,7 +394,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         if self._bound is None:
             types = await batches.parameter_types(self._sql, timeout)
             self._bound = coerce_arguments(self._args, types, self._labels)
-        window = listing_reuse_window(float(self.poll_interval))
+        window = reuse_window(float(self.poll_interval))
         row = await batches.fetch_row(self._sql, self._bound, timeout=timeout, window=window)
         if row is not None:
             # The waits of a batch are answered in the same instant: those with a row to judge
@@ -412,7 +412,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             self._sql,
             timeout=float(self.statement_timeout),
             interval=interval,
-            window=listing_reuse_window(interval),
+            window=reuse_window(interval),
         )
 
     def phase(self, delay: float) -> float:
