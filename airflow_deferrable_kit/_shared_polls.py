@@ -8,8 +8,8 @@ then judges that answer by its own conditions, so sharing changes what is sent, 
 wait decides.
 
 :func:`reuse_window` is also the window of the S3 poller's shared listings
-(``airflow_deferrable_kit._s3_poller``, which shares through :class:`SharedAnswers` too) and of
-the Postgres waits' batched statements (``airflow_deferrable_kit._postgres_batches``). The rules:
+(``airflow_deferrable_kit._s3.poller``, which shares through :class:`SharedAnswers` too) and of
+the Postgres waits' batched statements (``airflow_deferrable_kit._postgres.batches``). The rules:
 
 * the window is a tenth of the wait's poll interval, at most one second, so a wait sees a change
   at most one poll interval plus that window after it happened;

@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from airflow_deferrable_kit._per_loop import PerLoop
-from airflow_deferrable_kit.errors import ErrorType, FatalError
+from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError
+from airflow_deferrable_kit.payload import Found, cap_value
 
 STATES: Final = ("success", "failure", "retry")
 COMPARATORS: Final = ("equals", "in", "exists")
@@ -535,6 +536,34 @@ class ConditionSet:
             return Verdict(state, decision.as_dict() if decision is not None else None, observed)
         verdict = await self.judge(subject(), decision)
         return Verdict(verdict.state, verdict.decided_by, observed)
+
+
+# ------------------------------------------------------------------------------ settling
+def capped_decision(decided_by: Mapping[str, Any] | None, limit: int) -> dict[str, Any] | None:
+    """A verdict's explanation as a payload carries it: the value the deciding acceptor saw (and
+    a predicate's candidate) cut to ``limit`` bytes of JSON. Every wait caps it here."""
+    if decided_by is None:
+        return None
+    out = dict(decided_by)
+    if out.get("actual") is not None:
+        out["actual"] = cap_value(out["actual"], limit)
+    candidate = out.get("candidate")
+    if isinstance(candidate, Mapping):
+        out["candidate"] = capped_decision(candidate, limit)
+    return out
+
+
+def settle(state: str, data: Mapping[str, Any], failure: Callable[[], str]) -> Found | None:
+    """A final verdict state as the wait's outcome, the same for every wait: ``success`` is found
+    (``data`` becomes the payload), ``failure`` ends the wait with a ``condition_failed`` error
+    carrying ``data`` (``failure()`` says why in words), ``retry`` is not yet (``None``)."""
+    if state == "success":
+        return Found(data)
+    if state == "failure":
+        raise ConditionFailed(failure(), details=dict(data))
+    if state == "retry":
+        return None
+    raise ValueError(f"not a final verdict state: {state!r}")
 
 
 def _short_repr(value: Any) -> str:

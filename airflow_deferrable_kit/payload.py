@@ -18,13 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from airflow_deferrable_kit._redact import redact_value
-from airflow_deferrable_kit.errors import (
-    ConditionFailed,
-    ErrorType,
-    FatalError,
-    TransientError,
-    WaitError,
-)
+from airflow_deferrable_kit.errors import ErrorType
 
 Status = Literal["success", "timeout", "error"]
 SUCCESS: Final = "success"
@@ -301,13 +295,8 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "SUCCESS",
     "TIMEOUT",
-    "ConditionFailed",
-    "ErrorType",
-    "FatalError",
     "Found",
     "PayloadError",
-    "TransientError",
-    "WaitError",
     "build_payload",
     "cap_text",
     "cap_value",

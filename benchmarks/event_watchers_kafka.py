@@ -110,7 +110,8 @@ def count_consumers(impl: str) -> list[Any]:
     """Every consumer started from now on."""
     started: list[Any] = []
     if impl == "kit":
-        from airflow_deferrable_kit import _kafka_catchup, _kafka_reader
+        from airflow_deferrable_kit._kafka import catchup as _kafka_catchup
+        from airflow_deferrable_kit._kafka import reader as _kafka_reader
 
         for module in (_kafka_reader, _kafka_catchup):
             original = module.start_consumer

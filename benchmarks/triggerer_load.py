@@ -107,7 +107,7 @@ def statements_sent(kind: str, impl: str) -> int | None:
     if not kind.startswith("postgres"):
         return None
     if impl == "kit":
-        from airflow_deferrable_kit._postgres_batches import statement_count
+        from airflow_deferrable_kit._postgres.batches import statement_count
 
         return statement_count()
     from benchmarks.naive_postgres import STATEMENTS

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 from airflow.sdk import Context
 
-from airflow_deferrable_kit._kafka_messages import canonical_acceptors
-from airflow_deferrable_kit._kafka_offsets import commit_offset, log_end_offsets
+from airflow_deferrable_kit._kafka.messages import canonical_acceptors
+from airflow_deferrable_kit._kafka.offsets import commit_offset, log_end_offsets
 from airflow_deferrable_kit.payload import SUCCESS
 from airflow_deferrable_kit.sensors.base import DeferrableSensor, OfficialRefusal, is_unresolved, unless_default
 from airflow_deferrable_kit.sensors.temporal import to_utc_iso

@@ -38,17 +38,21 @@ from airflow_deferrable_kit._metrics import for_trigger
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.clients import Closer, Factory, Leases
-from airflow_deferrable_kit.errors import ErrorType, describe_exception, is_unknown_host
+from airflow_deferrable_kit.errors import (
+    ErrorType,
+    FatalError,
+    TransientError,
+    WaitError,
+    describe_exception,
+    is_unknown_host,
+)
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import (
     ERROR,
     SUCCESS,
     TIMEOUT,
-    FatalError,
     Found,
     PayloadError,
-    TransientError,
-    WaitError,
     error_payload,
     require_json_primitives,
     success_payload,
@@ -220,6 +224,19 @@ def in_utc(moment: dt.datetime, *, argument: str, given: Any) -> dt.datetime:
         ) from exc
 
 
+#: The event form of each wait class that has one, registered by the event modules (which sit
+#: above this one and import it): ``PollingTrigger`` -> the generic edge trigger, and any wait with
+#: an event trigger of its own -> that one. The package's ``__init__`` imports them all, so the
+#: registry is complete before any wait is built.
+EventForm = Callable[..., BaseEventTrigger]
+_EVENT_FORMS: dict[type, EventForm] = {}
+
+
+def register_event_form(wait_class: type, build: EventForm) -> None:
+    """Make ``build(wait, **options)`` what ``wait.as_event_trigger()`` returns for ``wait_class``."""
+    _EVENT_FORMS[wait_class] = build
+
+
 @dataclass_transform(kw_only_default=True)
 @dataclasses.dataclass(kw_only=True, eq=False, repr=False)
 class PollingTrigger(BaseTrigger):
@@ -320,10 +337,19 @@ class PollingTrigger(BaseTrigger):
     def as_event_trigger(self, **options: Any) -> BaseEventTrigger:
         """This wait as an event trigger for an ``AssetWatcher``: one asset event each time its
         condition becomes true, none while it stays true (``options``: ``backfill``, ``poll_interval``,
-        ``max_backoff``). See :mod:`airflow_deferrable_kit.triggers.events`."""
-        from airflow_deferrable_kit.triggers.events import ConditionEventTrigger
+        ``max_backoff``). See :mod:`airflow_deferrable_kit.triggers.events`.
 
-        return ConditionEventTrigger.of(self, **options)
+        The event form is the one registered for the nearest class of this wait
+        (:func:`register_event_form`): every wait has the generic one, a wait with an event
+        trigger of its own (HTTP) has that.
+        """
+        for klass in type(self).__mro__:
+            build = _EVENT_FORMS.get(klass)
+            if build is not None:
+                return build(self, **options)
+        raise TypeError(  # not reached once airflow_deferrable_kit.triggers is imported
+            f"{type(self).__name__} has no event form: import airflow_deferrable_kit.triggers.events"
+        )
 
     async def lease(self, key: Hashable, factory: Factory, close: Closer) -> Any:
         """A client shared with every trigger using the same ``key`` in this loop, held until exit."""

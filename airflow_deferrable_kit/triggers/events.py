@@ -52,7 +52,7 @@ from airflow_deferrable_kit._event_streams import (
 from airflow_deferrable_kit._redact import redact, redact_value
 from airflow_deferrable_kit.errors import ConditionFailed, TransientError, WaitError, describe_exception
 from airflow_deferrable_kit.payload import Found, fit_payload, json_safe
-from airflow_deferrable_kit.triggers.base import PollingTrigger
+from airflow_deferrable_kit.triggers.base import PollingTrigger, register_event_form
 
 #: Parameters of a wait that an event trigger, which never ends, cannot take.
 WAIT_ONLY: Final = ("deadline", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push")
@@ -514,6 +514,8 @@ def build_wait(classpath: str, params: Any) -> PollingTrigger:
         raise ValueError(f"wait_params do not fit {classpath}: {exc}") from exc
     return wait
 
+
+register_event_form(PollingTrigger, ConditionEventTrigger.of)
 
 __all__ = [
     "ConditionEventTrigger",

@@ -6,7 +6,7 @@ from the Airflow connection inside the triggerer and are applied per request, so
 hold none and one pooled keep-alive session serves every trigger in the process.
 
 How a connection becomes a request, the shared session, the response and aiohttp's errors live
-in :mod:`airflow_deferrable_kit._http_client`; this module decides what a response means. Waits
+in :mod:`airflow_deferrable_kit._http.client`; this module decides what a response means. Waits
 sending the identical request within a short window share one response (``send_shared``), and
 each judges it by its own conditions.
 Neither imports ``aiohttp`` at module level, so the sensor imports without the ``http`` extra.
@@ -19,10 +19,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
-from airflow.triggers.base import BaseEventTrigger
-
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
-from airflow_deferrable_kit._http_client import (
+from airflow_deferrable_kit._http.client import (
     NOT_JSON,
     SESSION_KEY,
     TOO_LARGE,
@@ -31,9 +29,9 @@ from airflow_deferrable_kit._http_client import (
     classify_aiohttp_error,
     close_session,
     is_transient_status,
+    load_options,
     open_session,
     parse_retry_after,
-    resolve_target,
     send_shared,
 )
 from airflow_deferrable_kit._redact import redact, redact_value
@@ -44,11 +42,13 @@ from airflow_deferrable_kit.conditions import (
     Acceptor,
     ConditionSet,
     Verdict,
+    capped_decision,
     explain,
     lookup,
     parse_path,
+    settle,
 )
-from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, TransientError, WaitError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
 from airflow_deferrable_kit.payload import cap_value, json_size, truncate_text
 from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
 
@@ -208,7 +208,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         # The session first: its factory imports aiohttp (and yarl) off the loop.
         session = await self.lease(SESSION_KEY, open_session, close_session)
         if self._target is None:
-            self._target = await resolve_target(self.http_conn_id)
+            self._target = await load_options(self.http_conn_id)
         method = self.method.upper()
         url = self._target.url(self.endpoint, self.query)
         response = await send_shared(
@@ -224,12 +224,6 @@ class HttpBatchReadyTrigger(PollingTrigger):
         )
         self._seen = id(response)
         return response, str(url.with_user(None)), method
-
-    def as_event_trigger(self, **options: Any) -> BaseEventTrigger:
-        """This wait as an ``HttpBatchReadyEventTrigger``: one event each time the endpoint says ready."""
-        from airflow_deferrable_kit.triggers.http_events import HttpBatchReadyEventTrigger
-
-        return HttpBatchReadyEventTrigger(**{**self.serialize()[1], **options})
 
     async def evaluate(self, response: Response, *, safe_url: str, method: str) -> Found | None:
         """Decide on one response: ready, not yet, or raise a transient / fatal / failed error."""
@@ -259,33 +253,34 @@ class HttpBatchReadyTrigger(PollingTrigger):
         self._unreadable_bodies = 0
         context["observed"] = {label: _cap_value(value) for label, value in verdict.observed.items()}
         state = self._state_of(verdict, response)
+        if state is None:
+            raise self._status_error(response, context)
+        if state == "retry":
+            self._hold_off = parse_retry_after(response.headers.get("Retry-After"), now=self.clock.time())
+            seen = ", ".join(f"{label}={value!r}" for label, value in context["observed"].items())
+            self._last = truncate_text(f"last response: {status}" + (f", {seen}" if seen else ""), 300)
+            return None
         decided = self._capped_decision(verdict, status)
-
+        data = {**context, "decision": decided}
         if state == "success":
             self._last = None
-            data = {**context, "decision": decided}
             if self._select_paths:
                 usable = document is not NOT_JSON and document is not TOO_LARGE
                 data["fields"] = {
                     path: _cap_value(lookup(document, parts)) if usable else None
                     for path, parts in self._select_paths.items()
                 }
-            data["body_excerpt"] = response.excerpt(int(self.excerpt_chars))
             if self.include_response:
                 data["response"] = response_for_event(response, safe_url)
-            return Found(data)
-        if state == "failure":
-            raise ConditionFailed(
+        data["body_excerpt"] = response.excerpt(int(self.excerpt_chars))
+        return settle(
+            state,
+            data,
+            lambda: (
                 f"{method} {safe_url} reported failure: {explain(decided)}; "
-                f"body: {response.excerpt(min(int(self.excerpt_chars), 300))}",
-                details={**context, "decision": decided, "body_excerpt": response.excerpt(int(self.excerpt_chars))},
-            )
-        if state == "retry":
-            self._hold_off = parse_retry_after(response.headers.get("Retry-After"), now=self.clock.time())
-            seen = ", ".join(f"{label}={value!r}" for label, value in context["observed"].items())
-            self._last = truncate_text(f"last response: {status}" + (f", {seen}" if seen else ""), 300)
-            return None
-        raise self._status_error(response, context)
+                f"body: {response.excerpt(min(int(self.excerpt_chars), 300))}"
+            ),
+        )
 
     def _state_of(self, verdict: Verdict, response: Response) -> str | None:
         """The verdict's state, with HTTP's own default: a 2xx is ready, a not-yet code is not yet.
@@ -305,12 +300,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
     def _capped_decision(verdict: Verdict, status: int) -> dict[str, Any] | None:
         if verdict.state == DEFAULT:
             return {"state": "success", "matcher": "default", "comparator": "2xx", "actual": status}
-        if verdict.decided_by is None:
-            return None
-        out = dict(verdict.decided_by)
-        if "actual" in out:
-            out["actual"] = _cap_value(out["actual"])
-        return out
+        return capped_decision(verdict.decided_by, MAX_VALUE_CHARS)
 
     def _status_error(self, response: Response, context: dict[str, Any]) -> WaitError:
         status = response.status

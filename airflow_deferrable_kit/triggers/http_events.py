@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Final
 
-from airflow_deferrable_kit._http_client import Response, is_transient_status
+from airflow_deferrable_kit._http.client import Response, is_transient_status
 from airflow_deferrable_kit.conditions import ConditionSet
 from airflow_deferrable_kit.payload import Found
+from airflow_deferrable_kit.triggers.base import register_event_form
 from airflow_deferrable_kit.triggers.events import EdgeEventTrigger
 from airflow_deferrable_kit.triggers.http import MATCHERS, HttpBatchReadyTrigger, refine_status
 
@@ -83,5 +84,12 @@ class HttpBatchReadyEventTrigger(EdgeEventTrigger, HttpBatchReadyTrigger):
         response, safe_url, method = observed
         return await self.evaluate(response, safe_url=safe_url, method=method)
 
+
+def _event_form(wait: HttpBatchReadyTrigger, **options: Any) -> HttpBatchReadyEventTrigger:
+    """``HttpBatchReadyTrigger(...).as_event_trigger()``: one event each time the endpoint says ready."""
+    return HttpBatchReadyEventTrigger(**{**wait.serialize()[1], **options})
+
+
+register_event_form(HttpBatchReadyTrigger, _event_form)
 
 __all__ = ["REQUEST_PARAMETERS", "HttpBatchReadyEventTrigger"]

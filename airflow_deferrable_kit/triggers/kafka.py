@@ -7,7 +7,7 @@ What makes this wait cheap and safe at scale:
   trigger (Airflow HA). Reading a group's committed offsets is read-only; committing is opt-in
   and done by the sensor after Airflow has stored the event (at-least-once).
 * **One reader per connection per triggerer process, whatever the topics.** Every waiter on a
-  connection joins the same :class:`~airflow_deferrable_kit._kafka_reader.ConnectionReader`:
+  connection joins the same :class:`~airflow_deferrable_kit._kafka.reader.ConnectionReader`:
   one fetch consumer assigned the partitions of every topic waited on, one lookup consumer, one
   catch-up consumer, whose metadata requests name the topics waited on only. Each message is
   decoded once and handed to the waiters whose conditions can match it (an index on the values
@@ -23,11 +23,10 @@ What makes this wait cheap and safe at scale:
   yields to the loop during long fan-outs and after every batch of wake-ups, and wakes a waiter
   the moment a match arrives.
 
-This module is the trigger alone: the aiokafka side is in :mod:`airflow_deferrable_kit._kafka_client`,
-the message and condition model in :mod:`airflow_deferrable_kit._kafka_messages`, and the shared
-reader in :mod:`airflow_deferrable_kit._kafka_reader` (its hand-out in ``_kafka_fanout``, its
-catch-up passes in ``_kafka_catchup``, its batched lookups in ``_kafka_lookups``, its
-connection backoff in ``_kafka_gate``; start offsets in ``_kafka_offsets``).
+This module is the trigger alone: the aiokafka side is in :mod:`airflow_deferrable_kit._kafka.client`,
+the message and condition model in :mod:`airflow_deferrable_kit._kafka.messages`, and the shared
+reader in :mod:`airflow_deferrable_kit._kafka.reader`; the package's docstring
+(:mod:`airflow_deferrable_kit._kafka`) maps the rest of the engine.
 """
 
 from __future__ import annotations
@@ -39,31 +38,31 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from airflow_deferrable_kit._kafka_catchup import OwnPace, read_on_own
-from airflow_deferrable_kit._kafka_client import (
+from airflow_deferrable_kit._kafka.catchup import OwnPace, read_on_own
+from airflow_deferrable_kit._kafka.client import (
     classify_kafka_error,
     describe_topics,
     quiet_aiokafka,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka_fanout import Waiter
-from airflow_deferrable_kit._kafka_gate import gates_for
-from airflow_deferrable_kit._kafka_messages import (
+from airflow_deferrable_kit._kafka.fanout import TopicReader, Waiter
+from airflow_deferrable_kit._kafka.gate import gates_for
+from airflow_deferrable_kit._kafka.messages import (
     FAILURE,
     MATCHERS,
+    MAX_ACTUAL_CHARS,
     PREDICATE,
     SUCCESS,
     ConfluentStyleMessage,
     KafkaMessage,
     MatchSpec,
     canonical_acceptors,
-    capped_actual,
 )
-from airflow_deferrable_kit._kafka_offsets import CommittedOffsets, resolve_start
-from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
-from airflow_deferrable_kit._kafka_settings import load_client_options
-from airflow_deferrable_kit.conditions import ConditionSet, Decision, import_predicate
-from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, WaitError
+from airflow_deferrable_kit._kafka.offsets import CommittedOffsets, resolve_start
+from airflow_deferrable_kit._kafka.reader import ConnectionReader
+from airflow_deferrable_kit._kafka.settings import load_options
+from airflow_deferrable_kit.conditions import ConditionSet, Decision, capped_decision, import_predicate, settle
+from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError
 from airflow_deferrable_kit.payload import Found
 from airflow_deferrable_kit.triggers.base import PollingTrigger
 
@@ -356,10 +355,7 @@ class KafkaMessageTrigger(PollingTrigger):
 
     async def _settle(self, message: KafkaMessage, kind: str, decision: Decision | None) -> Found | None:
         """Turn a delivered message into the outcome: run the predicate if needed, then decide."""
-        matched: dict[str, Any] | None = None
-        if decision is not None:
-            matched = decision.as_dict()
-            matched["actual"] = capped_actual(matched["actual"])
+        matched = capped_decision(None if decision is None else decision.as_dict(), MAX_ACTUAL_CHARS)
         if kind == PREDICATE:
             try:
                 verdict = await self._conditions.judge(
@@ -371,15 +367,12 @@ class KafkaMessageTrigger(PollingTrigger):
             if verdict.state == "retry":
                 return None
             kind = SUCCESS if verdict.state == "success" else FAILURE
-            matched = dict(verdict.decided_by or {})
-            if "candidate" in matched:
-                matched["candidate"]["actual"] = capped_actual(matched["candidate"]["actual"])
+            matched = capped_decision(verdict.decided_by or {}, MAX_ACTUAL_CHARS)
         data = self._payload(message, matched)
-        if kind == SUCCESS:
-            return Found(data)
-        raise ConditionFailed(
-            f"a failure condition matched message {message.topic}[{message.partition}]@{message.offset}",
-            details=data,
+        return settle(
+            kind,
+            data,
+            lambda: f"a failure condition matched message {message.topic}[{message.partition}]@{message.offset}",
         )
 
     def _payload(self, message: KafkaMessage, matched: dict[str, Any] | None) -> dict[str, Any]:
@@ -444,7 +437,7 @@ class KafkaMessageTrigger(PollingTrigger):
     async def _scan(self) -> Found | None:
         from aiokafka import TopicPartition
 
-        options = await load_client_options(self.kafka_conn_id)
+        options = await load_options(self.kafka_conn_id)
         gates = gates_for(self.kafka_conn_id)
         consumer = await start_consumer(options, topics=self.topics, gates=gates, metadata_max_age_ms=300_000)
         committed = CommittedOffsets(options, gates)

@@ -6,7 +6,7 @@ its topics that its conditions accept fires one event, in offset order per parti
 
 * **One read per topic.** Watchers of the same topics (and value format) share one Airflow
   shared stream, and its producer reads through the connection's shared reader, the fetch
-  consumer the waits use too (:mod:`airflow_deferrable_kit._kafka_stream`): a hundred assets
+  consumer the waits use too (:mod:`airflow_deferrable_kit._kafka.stream`): a hundred assets
   watching one topic cost one fetch, and each watcher judges every message with its own
   conditions. No consumer group is joined, nothing is committed.
 * **Watermarks behind storage.** The watermark in the asset state store is, per partition, the
@@ -35,10 +35,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 from airflow_deferrable_kit._event_streams import Board
-from airflow_deferrable_kit._kafka_client import quiet_aiokafka
-from airflow_deferrable_kit._kafka_messages import KafkaMessage
-from airflow_deferrable_kit._kafka_reader import ConnectionReader
-from airflow_deferrable_kit._kafka_stream import (
+from airflow_deferrable_kit._kafka.client import quiet_aiokafka
+from airflow_deferrable_kit._kafka.messages import KafkaMessage
+from airflow_deferrable_kit._kafka.reader import ConnectionReader
+from airflow_deferrable_kit._kafka.stream import (
     Batch,
     TopicsStream,
     native_offsets,

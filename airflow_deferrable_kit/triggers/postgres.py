@@ -25,19 +25,24 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
-from airflow_deferrable_kit._postgres_batches import PostgresBatches, close_batches, open_batches
-from airflow_deferrable_kit._postgres_client import classify_postgres_error, close_pool, open_pool, pooled
-from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
-from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
+from airflow_deferrable_kit._postgres.batches import PostgresBatches, close_batches, open_batches
+from airflow_deferrable_kit._postgres.client import classify_postgres_error, close_pool, open_pool, pooled
+from airflow_deferrable_kit._postgres.listener import close_listener, start_listener
+from airflow_deferrable_kit._postgres.values import coerce_arguments, row_document
 from airflow_deferrable_kit._shared_polls import reuse_window
-from airflow_deferrable_kit.conditions import DEFAULT, MISSING, Acceptor, ConditionSet, Verdict, explain, lookup
-from airflow_deferrable_kit.payload import (
-    ConditionFailed,
-    Found,
-    WaitError,
-    cap_value,
-    truncate_text,
+from airflow_deferrable_kit.conditions import (
+    DEFAULT,
+    MISSING,
+    Acceptor,
+    ConditionSet,
+    Verdict,
+    capped_decision,
+    explain,
+    lookup,
+    settle,
 )
+from airflow_deferrable_kit.errors import WaitError
+from airflow_deferrable_kit.payload import Found, cap_value, truncate_text
 from airflow_deferrable_kit.triggers.base import PollingTrigger
 
 if TYPE_CHECKING:
@@ -379,7 +384,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         """The first row of the query, or ``None``.
 
         In the trigger loop the poll joins the batch of its shape and window
-        (:mod:`airflow_deferrable_kit._postgres_batches`): one statement answers every wait of
+        (:mod:`airflow_deferrable_kit._postgres.batches`): one statement answers every wait of
         the same connection and query text that polls within the window. A lone check (the
         sensor's poke path, a test) runs its own query on a pooled connection.
         """
@@ -446,11 +451,9 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
                 self.log.debug("Row found but no condition decided yet: %s", verdict.observed)
             return None
         data = self.row_data(row, verdict)
-        if state == "failure":
-            raise ConditionFailed(
-                f"{self.describe()}: the batch marker reports failure ({explain(data.get('matched'))})", details=data
-            )
-        return Found(data)
+        return settle(
+            state, data, lambda: f"{self.describe()}: the batch marker reports failure ({explain(data.get('matched'))})"
+        )
 
     async def judge_row(self, row: dict[str, Any]) -> Verdict:
         """The conditions' verdict on one row (a JSON document), by the one rule."""
@@ -465,7 +468,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         else:
             data["sql"] = truncate_text(self._sql, 1000)
         if verdict.decided_by is not None and verdict.state != DEFAULT:
-            data["matched"] = _capped_decision(verdict.decided_by)
+            data["matched"] = capped_decision(verdict.decided_by, VALUE_LIMIT_CHARS)
         elif self.sql is not None:
             data["matched"] = {"state": "success", "matcher": "default", "comparator": "first cell is truthy"}
         if truncated:
@@ -541,14 +544,6 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
                 await self.clock.sleep(min(gap, remaining))
         wake.clear()
         self._last_wake = loop.time()
-
-
-def _capped_decision(decided_by: dict[str, Any]) -> dict[str, Any]:
-    """The decision for the payload, with the value it saw cut like any other column value."""
-    out = dict(decided_by)
-    if out.get("actual") is not None:
-        out["actual"] = cap_value(out["actual"], VALUE_LIMIT_CHARS)
-    return out
 
 
 __all__ = [

@@ -26,9 +26,9 @@ import json
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from airflow_deferrable_kit._event_streams import Board
-from airflow_deferrable_kit._postgres_client import pooled
-from airflow_deferrable_kit._postgres_listener import close_listener, start_listener
-from airflow_deferrable_kit._postgres_values import coerce_arguments, row_document
+from airflow_deferrable_kit._postgres.client import pooled
+from airflow_deferrable_kit._postgres.listener import close_listener, start_listener
+from airflow_deferrable_kit._postgres.values import coerce_arguments, row_document
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import DEFAULT
 from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError

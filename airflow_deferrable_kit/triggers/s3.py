@@ -19,16 +19,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 from airflow_deferrable_kit._arguments import require_conn_id
-from airflow_deferrable_kit._s3_client import (
+from airflow_deferrable_kit._s3.client import (
     S3Settings,
     classify_s3_error,
-    create_client,
+    load_options,
     missing_code,
-    resolve_settings,
 )
-from airflow_deferrable_kit._s3_poller import Listing, S3Poller, close_poller, listing_reuse_window
-from airflow_deferrable_kit.errors import ErrorType
-from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, WaitError
+from airflow_deferrable_kit._s3.poller import Listing, S3Poller, close_poller, listing_reuse_window, open_poller
+from airflow_deferrable_kit.errors import ErrorType, WaitError
+from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger
 
 #: At most this many matched objects are described in the payload; the rest are only counted.
@@ -239,9 +238,9 @@ class S3KeyTrigger(PollingTrigger):
     async def _client(self) -> S3Poller:
         """The shared poller for this trigger's connection (the connection is read once per run)."""
         if self._settings is None:
-            self._settings = await resolve_settings(self.aws_conn_id)
+            self._settings = await load_options(self.aws_conn_id)
         settings = self._settings
-        poller: S3Poller = await self.lease(settings.lease_key, lambda: _open_poller(settings), close_poller)
+        poller: S3Poller = await self.lease(settings.lease_key, lambda: open_poller(settings), close_poller)
         return poller
 
     async def _call(self, what: str, request: Awaitable[Any]) -> Any:
@@ -343,11 +342,6 @@ class S3KeyTrigger(PollingTrigger):
     def _where(self) -> str:
         """The connection, for errors raised before S3 answered."""
         return self._settings.describe() if self._settings is not None else f"aws_conn_id={self.aws_conn_id!r}"
-
-
-async def _open_poller(settings: S3Settings) -> S3Poller:
-    """Build the shared client for ``settings`` (off the loop) and wrap it in its poller."""
-    return S3Poller(await create_client(settings), where=settings.describe())
 
 
 __all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "keys_payload", "resolve_targets"]

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Final
 
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._event_streams import Board
-from airflow_deferrable_kit._s3_poller import Listing, listing_reuse_window
+from airflow_deferrable_kit._s3.poller import Listing, listing_reuse_window
 from airflow_deferrable_kit.triggers.events import EventTrigger, event_payload
 from airflow_deferrable_kit.triggers.s3 import KeyPattern, S3KeyTrigger, describe_object
 

@@ -12,7 +12,8 @@ import socket
 from collections import deque
 from typing import Any, ClassVar
 
-from airflow_deferrable_kit.payload import FatalError, Found, TransientError
+from airflow_deferrable_kit.errors import FatalError, TransientError
+from airflow_deferrable_kit.payload import Found
 from airflow_deferrable_kit.sensors.base import DeferrableSensor
 from airflow_deferrable_kit.triggers.base import PollingTrigger
 

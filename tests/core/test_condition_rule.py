@@ -103,7 +103,7 @@ class _Wait:
         elif self.name == "postgres":
             from airflow_deferrable_kit.triggers.postgres import MATCHERS as matchers
         else:
-            from airflow_deferrable_kit._kafka_messages import MATCHERS as matchers
+            from airflow_deferrable_kit._kafka.messages import MATCHERS as matchers
         return matchers
 
     def value_of(self, document: dict[str, Any]) -> Any:
@@ -125,7 +125,7 @@ class _Wait:
 
     @staticmethod
     def message(document: dict[str, Any]) -> Any:
-        from airflow_deferrable_kit._kafka_messages import KafkaMessage
+        from airflow_deferrable_kit._kafka.messages import KafkaMessage
         from tests.kafka.fakes import record
 
         return KafkaMessage(record(json.dumps(document).encode()))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from airflow_deferrable_kit import connections
-from airflow_deferrable_kit.payload import FatalError
+from airflow_deferrable_kit.errors import FatalError
 from airflow_deferrable_kit.testing import watch_blocking
 
 

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from airflow.sdk import Connection
 
-from airflow_deferrable_kit._http_client import (
+from airflow_deferrable_kit._http.client import (
     MAX_RETRY_AFTER,
     base_url,
     classify_aiohttp_error,
@@ -23,7 +23,7 @@ from airflow_deferrable_kit._http_client import (
     parse_retry_after,
     proxy_for,
 )
-from airflow_deferrable_kit.payload import FatalError, TransientError
+from airflow_deferrable_kit.errors import FatalError, TransientError
 
 
 # ------------------------------------------------------------------------ connections
@@ -165,7 +165,7 @@ def test_the_sensor_module_does_not_import_aiohttp_and_the_session_imports_it_of
 import asyncio, sys, threading
 import airflow_deferrable_kit.sensors.http
 import airflow_deferrable_kit.triggers.http
-import airflow_deferrable_kit._http_client as http
+import airflow_deferrable_kit._http.client as http
 assert "aiohttp" not in sys.modules, "importing the sensor imported aiohttp"
 imports = []
 def hook(event, args):

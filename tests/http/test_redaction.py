@@ -136,7 +136,7 @@ async def test_inside_a_loop_airflows_masker_is_told_off_the_loop() -> None:
 
 def test_ordinary_header_values_are_not_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     # One HTTP connection with an everyday header must not mask that word in every other payload.
-    from airflow_deferrable_kit._http_client import connection_headers
+    from airflow_deferrable_kit._http.client import connection_headers
 
     headers = connection_headers(
         {"X-Team": "data", "Accept": "application/json", "X-Api-Key": API_KEY}, login=None, password=None

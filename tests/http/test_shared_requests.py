@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import _http_client
-from airflow_deferrable_kit._http_client import shared_responses
+from airflow_deferrable_kit._http import client as _http_client
+from airflow_deferrable_kit._http.client import shared_responses
 from airflow_deferrable_kit._shared_polls import REUSE_MAX, SharedAnswers, reuse_window
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload

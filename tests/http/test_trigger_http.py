@@ -20,8 +20,8 @@ import structlog
 from aiohttp import web
 
 import airflow_deferrable_kit.triggers.http as http_module
-from airflow_deferrable_kit import _http_client
-from airflow_deferrable_kit._http_client import SESSION_KEY, SESSION_LIMIT_PER_HOST
+from airflow_deferrable_kit._http import client as _http_client
+from airflow_deferrable_kit._http.client import SESSION_KEY, SESSION_LIMIT_PER_HOST
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES

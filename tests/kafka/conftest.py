@@ -22,8 +22,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from airflow_deferrable_kit import _kafka_catchup, _kafka_reader, clients
-from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
+from airflow_deferrable_kit import clients
+from airflow_deferrable_kit._kafka import catchup as _kafka_catchup
+from airflow_deferrable_kit._kafka import reader as _kafka_reader
+from airflow_deferrable_kit._kafka import settings as kafka_settings
+from airflow_deferrable_kit._kafka.fanout import TopicReader
+from airflow_deferrable_kit._kafka.reader import ConnectionReader
 from airflow_deferrable_kit.testing import run_trigger
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 from scripts import services
@@ -307,7 +311,7 @@ def topic(bootstrap: str) -> str:
 @pytest.fixture
 def fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Readers look for new partitions / topics every 0.2 s instead of every 30 s."""
-    monkeypatch.setattr(_kafka_reader, "PARTITION_REFRESH_SECONDS", 0.2)
+    monkeypatch.setattr(kafka_settings, "PARTITION_REFRESH_SECONDS", 0.2)
 
 
 @pytest.fixture

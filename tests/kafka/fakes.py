@@ -19,7 +19,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from airflow_deferrable_kit._kafka_messages import MATCHERS, MatchSpec
+from airflow_deferrable_kit._kafka.messages import MATCHERS, MatchSpec
 from airflow_deferrable_kit.conditions import ConditionSet
 
 BASE_TIMESTAMP = 1_700_000_000_000

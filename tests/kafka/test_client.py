@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 from aiokafka import errors
 
-from airflow_deferrable_kit._kafka_client import classify_kafka_error
-from airflow_deferrable_kit._kafka_settings import client_options
-from airflow_deferrable_kit.payload import FatalError, TransientError
+from airflow_deferrable_kit._kafka.client import classify_kafka_error
+from airflow_deferrable_kit._kafka.settings import options_from_connection
+from airflow_deferrable_kit.errors import FatalError, TransientError
 
 
 def test_connection_maps_to_aiokafka_settings_without_leaking_the_secret() -> None:
-    options, tls = client_options(
+    options, tls = options_from_connection(
         conn_id="k",
         host=None,
         port=None,
@@ -46,7 +46,7 @@ def test_connection_maps_to_aiokafka_settings_without_leaking_the_secret() -> No
 
 
 def test_connection_extra_credentials_win_and_host_port_work() -> None:
-    options, tls = client_options(
+    options, tls = options_from_connection(
         conn_id="k",
         host="h1,h2:9000",
         port=9092,
@@ -78,7 +78,7 @@ def test_connection_extra_credentials_win_and_host_port_work() -> None:
 )
 def test_bad_connection_is_a_fatal_configuration_error(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(FatalError, match=message) as caught:
-        client_options(conn_id="k", host=None, port=None, login=None, password=None, **fields)
+        options_from_connection(conn_id="k", host=None, port=None, login=None, password=None, **fields)
     assert caught.value.error_type == "bad_connection"
 
 

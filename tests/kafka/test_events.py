@@ -15,7 +15,8 @@ import pytest
 from airflow.sdk import Asset, AssetWatcher
 
 from airflow_deferrable_kit._event_streams import live_boards
-from airflow_deferrable_kit._kafka_stream import StreamWaiter
+from airflow_deferrable_kit._kafka import settings as kafka_settings
+from airflow_deferrable_kit._kafka.stream import StreamWaiter
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import Watch, WatcherHarness
@@ -315,9 +316,8 @@ async def test_a_topic_created_later_is_waited_for_and_read_from_its_beginning(
 async def test_a_burst_larger_than_the_stream_queue_is_read_on_at_its_own_pace_without_loss(
     bootstrap: str, kafka_conn: str, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_deferrable_kit import _kafka_stream
 
-    monkeypatch.setattr(_kafka_stream, "STREAM_QUEUE_MESSAGES", 25)
+    monkeypatch.setattr(kafka_settings, "STREAM_QUEUE_MESSAGES", 25)
     async with WatcherHarness() as triggerer:
         watch = await triggerer.start(watcher(topic, kafka_conn))
         await started(watch)
@@ -396,7 +396,7 @@ async def test_a_read_that_fails_midway_is_read_again_nothing_skipped(
 ) -> None:
     from aiokafka.errors import KafkaConnectionError
 
-    from airflow_deferrable_kit._kafka_stream import TopicsStream
+    from airflow_deferrable_kit._kafka.stream import TopicsStream
 
     async with WatcherHarness() as first:
         watch = await first.start(watcher(topic, kafka_conn))

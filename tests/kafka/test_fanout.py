@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from airflow_deferrable_kit import _kafka_fanout
-from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Waiter
-from airflow_deferrable_kit._kafka_messages import canonical_acceptors
-from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
+from airflow_deferrable_kit._kafka import settings as kafka_settings
+from airflow_deferrable_kit._kafka.fanout import CatchUpPass, TopicReader, Waiter
+from airflow_deferrable_kit._kafka.messages import canonical_acceptors
+from airflow_deferrable_kit._kafka.reader import ConnectionReader
 from tests.kafka.fakes import record, spec
 
 TP = TopicPartition("t", 0)
@@ -69,7 +69,7 @@ async def test_a_wait_ahead_of_the_reader_counts_only_from_its_own_position() ->
 
 
 async def test_a_burst_of_matches_wakes_a_batch_of_waits_per_loop_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_kafka_fanout, "WAKES_PER_SLICE", 8)
+    monkeypatch.setattr(kafka_settings, "WAKES_PER_SLICE", 8)
     reader = reader_at(0)
     waiters = [waiter_for(f"k{i}", 0, reader) for i in range(100)]
     assert all(waiter.try_attach("t") for waiter in waiters)
@@ -92,7 +92,7 @@ async def test_a_burst_of_matches_wakes_a_batch_of_waits_per_loop_turn(monkeypat
 async def test_a_fetch_spanning_many_topics_paces_its_wake_ups_across_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """One fetch with a record for each of 100 topics: every topic's fan-out wakes one wait, so
     only a pace shared by all of them ever reaches its budget and gives the loop a turn."""
-    monkeypatch.setattr(_kafka_fanout, "WAKES_PER_SLICE", 8)
+    monkeypatch.setattr(kafka_settings, "WAKES_PER_SLICE", 8)
     connection = ConnectionReader("conn", {})
     readers, woken = [], []
     for i in range(100):
@@ -124,7 +124,7 @@ async def test_a_fetch_spanning_many_topics_paces_its_wake_ups_across_them(monke
 
 
 async def test_a_pass_hands_waits_over_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_kafka_fanout, "DISPATCH_SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(kafka_settings, "DISPATCH_SLICE_SECONDS", 0.0)
     reader = reader_at(5)
     waiters = [waiter_for("never", 5, reader) for _ in range(3)]
     run = CatchUpPass(reader, waiters)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from airflow_deferrable_kit._kafka_messages import KafkaMessage, canonical_acceptors
+from airflow_deferrable_kit._kafka.messages import KafkaMessage, canonical_acceptors
 from tests.kafka.fakes import record, spec
 
 

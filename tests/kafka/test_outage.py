@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import _backoff, _kafka_gate, clients
-from airflow_deferrable_kit._kafka_gate import CONNECT_BACKOFF_CAP, ConnectGate, gates_for
+from airflow_deferrable_kit import _backoff, clients
+from airflow_deferrable_kit._kafka import gate as _kafka_gate
+from airflow_deferrable_kit._kafka import settings as kafka_settings
+from airflow_deferrable_kit._kafka.gate import ConnectGate, gates_for
+from airflow_deferrable_kit._kafka.settings import CONNECT_BACKOFF_CAP
 from airflow_deferrable_kit.testing import run_trigger
 from tests.kafka.conftest import (
     Message,
@@ -66,7 +69,9 @@ async def test_attempts_during_an_outage_fall_off_and_recovery_comes_within_one_
     monkeypatch: pytest.MonkeyPatch, proxied_broker: ProxiedBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    monkeypatch.setattr(_kafka_gate, "CONNECT_BACKOFF_CAP", 8.0)  # the default 30 s, shortened for the test's wall time
+    monkeypatch.setattr(
+        kafka_settings, "CONNECT_BACKOFF_CAP", 8.0
+    )  # the default 30 s, shortened for the test's wall time
     conn = set_connection(monkeypatch, "kafka_proxied", proxied_broker.bootstrap_servers)
     bootstrap = proxied_broker.bootstrap_servers
     names = await asyncio.to_thread(asyncio.run, create_topics(bootstrap, [unique("out") for _ in range(10)], 2))

@@ -12,12 +12,14 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from airflow_deferrable_kit import _kafka_catchup, _kafka_lookups, _kafka_reader
-from airflow_deferrable_kit._kafka_catchup import read_on_own
-from airflow_deferrable_kit._kafka_client import TopicsAnswer
-from airflow_deferrable_kit._kafka_fanout import Waiter
-from airflow_deferrable_kit._kafka_messages import KafkaMessage, canonical_acceptors
-from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
+from airflow_deferrable_kit._kafka import catchup as _kafka_catchup
+from airflow_deferrable_kit._kafka import reader as _kafka_reader
+from airflow_deferrable_kit._kafka import settings as kafka_settings
+from airflow_deferrable_kit._kafka.catchup import read_on_own
+from airflow_deferrable_kit._kafka.client import TopicsAnswer
+from airflow_deferrable_kit._kafka.fanout import TopicReader, Waiter
+from airflow_deferrable_kit._kafka.messages import KafkaMessage, canonical_acceptors
+from airflow_deferrable_kit._kafka.reader import ConnectionReader
 from airflow_deferrable_kit.conditions import Decision
 from tests.kafka.conftest import eventually
 from tests.kafka.fakes import FakeCluster, FakeConsumer, FakeLog, spec
@@ -56,8 +58,8 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
         monkeypatch.setattr(module, "start_consumer", start_consumer)
     monkeypatch.setattr(_kafka_reader, "describe_topics", describe_topics)
     monkeypatch.setattr(_kafka_reader, "refresh_topics", refresh_topics)
-    monkeypatch.setattr(_kafka_reader, "FETCH_WAIT_MS", 20)
-    monkeypatch.setattr(_kafka_lookups, "GATHER_SECONDS", 0.0)
+    monkeypatch.setattr(kafka_settings, "FETCH_WAIT_MS", 20)
+    monkeypatch.setattr(kafka_settings, "GATHER_SECONDS", 0.0)
     return cluster
 
 
@@ -185,7 +187,7 @@ async def test_a_topic_joined_later_is_looked_up_and_added_to_the_same_consumer(
 async def test_a_missing_topic_is_answered_and_read_from_its_beginning_once_it_appears(
     monkeypatch: pytest.MonkeyPatch, cluster: FakeCluster, connection: ConnectionReader
 ) -> None:
-    monkeypatch.setattr(_kafka_reader, "PARTITION_REFRESH_SECONDS", 0.05)
+    monkeypatch.setattr(kafka_settings, "PARTITION_REFRESH_SECONDS", 0.05)
     reader = connection.join("later")
     await reader.resolved.wait()
     assert not reader.known and reader.fatal is None

@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import _kafka_catchup, _kafka_fanout, _kafka_messages, clients
+from airflow_deferrable_kit import clients
+from airflow_deferrable_kit._kafka import (
+    catchup as _kafka_catchup,
+)
+from airflow_deferrable_kit._kafka import (
+    messages as _kafka_messages,
+)
+from airflow_deferrable_kit._kafka import settings as kafka_settings
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.testing import run_trigger, watch_blocking
@@ -576,7 +583,7 @@ async def test_a_fatal_error_while_catching_up_ends_the_late_waits_with_it(
 async def test_a_slow_predicate_waiter_falls_behind_and_still_finds_its_match(
     monkeypatch: pytest.MonkeyPatch, bootstrap: str, kafka_conn: str, topic: str
 ) -> None:
-    monkeypatch.setattr(_kafka_fanout, "WAITER_QUEUE_MESSAGES", 5)
+    monkeypatch.setattr(kafka_settings, "WAITER_QUEUE_MESSAGES", 5)
     trigger = make(topic, kafka_conn, predicate="tests.kafka.predicates:slow_is_last")
     task = asyncio.ensure_future(run_trigger(trigger, timeout=30))
     await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from aiokafka import errors
 
-from airflow_deferrable_kit._kafka_client import classify_kafka_error
-from airflow_deferrable_kit._kafka_messages import canonical_acceptors
-from airflow_deferrable_kit.payload import FatalError, TransientError
+from airflow_deferrable_kit._kafka.client import classify_kafka_error
+from airflow_deferrable_kit._kafka.messages import canonical_acceptors
+from airflow_deferrable_kit.errors import FatalError, TransientError
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 
 
@@ -115,7 +115,7 @@ def test_the_trigger_maps_kafka_errors_and_falls_back_to_the_base_for_others() -
 def test_a_confluent_style_message_shows_the_record_as_confluent_kafka_does() -> None:
     from types import SimpleNamespace
 
-    from airflow_deferrable_kit._kafka_messages import ConfluentStyleMessage, KafkaMessage
+    from airflow_deferrable_kit._kafka.messages import ConfluentStyleMessage, KafkaMessage
 
     record = SimpleNamespace(
         topic="orders", partition=2, offset=7, timestamp=1_700_000_000_000, key=b"k1", value=b'{"n": 5}', headers=[]

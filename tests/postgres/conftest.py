@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from airflow_deferrable_kit.payload import WaitError
+from airflow_deferrable_kit.errors import WaitError
 from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
 from scripts import services
 

@@ -15,8 +15,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from airflow_deferrable_kit import _postgres_batches
-from airflow_deferrable_kit._postgres_batches import (
+from airflow_deferrable_kit._postgres import batches as _postgres_batches
+from airflow_deferrable_kit._postgres.batches import (
     PostgresBatches,
     ask_key,
     batched_statement,

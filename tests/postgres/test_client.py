@@ -8,8 +8,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from airflow_deferrable_kit._postgres_client import classify_postgres_error, options_from_connection, parse_options
-from airflow_deferrable_kit.payload import FatalError, TransientError
+from airflow_deferrable_kit._postgres.client import classify_postgres_error, options_from_connection, parse_options
+from airflow_deferrable_kit.errors import FatalError, TransientError
 from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit.payload import FatalError, WaitError
+from airflow_deferrable_kit.errors import FatalError, WaitError
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
 from scripts import services

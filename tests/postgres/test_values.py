@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit._postgres_values import coerce_arguments
-from airflow_deferrable_kit.payload import FatalError
+from airflow_deferrable_kit._postgres.values import coerce_arguments
+from airflow_deferrable_kit.errors import FatalError
 
 
 def _types(*names: str) -> list[Any]:

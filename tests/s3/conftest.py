@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit._s3_client import S3Settings, create_client
+from airflow_deferrable_kit._s3.client import S3Settings, open_client
 from scripts import services
 from tests.s3.fault_proxy import FaultProxy
 
@@ -27,7 +27,7 @@ def admin_settings(endpoint_url: str, key: str = "test", secret: str = "test") -
 @pytest.fixture
 async def admin(s3_server: services.S3Server) -> AsyncIterator[Any]:
     """A plain client to set the stage (create buckets, put objects) on the real server."""
-    client = await create_client(admin_settings(s3_server.endpoint_url))
+    client = await open_client(admin_settings(s3_server.endpoint_url))
     try:
         yield client
     finally:

@@ -22,11 +22,11 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from airflow_deferrable_kit import _s3_client
+from airflow_deferrable_kit._s3 import client as _s3_client
+from airflow_deferrable_kit._s3 import poller as s3_poller
 from airflow_deferrable_kit.clients import held_keys
-from airflow_deferrable_kit.payload import FatalError, TransientError
+from airflow_deferrable_kit.errors import FatalError, TransientError
 from airflow_deferrable_kit.testing import run_trigger_payload, watch_blocking
-from airflow_deferrable_kit.triggers import s3 as s3_triggers
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
 from scripts import services
 from scripts.services import free_port
@@ -54,7 +54,7 @@ async def drive(trigger: S3KeyTrigger) -> Any:
 
 # ------------------------------------------------------------------- connection fields
 def test_connection_fields_map_to_client_settings() -> None:
-    settings = _s3_client.settings_from_connection(
+    settings = _s3_client.options_from_connection(
         "c",
         "AKIAX",
         SECRET,
@@ -75,17 +75,17 @@ def test_connection_fields_map_to_client_settings() -> None:
     assert SECRET not in repr(settings) and "tok" not in repr(settings)
     assert SECRET not in repr(settings.lease_key)
 
-    from_extra = _s3_client.settings_from_connection(
+    from_extra = _s3_client.options_from_connection(
         "c", None, None, {"aws_access_key_id": "AKIAE", "aws_secret_access_key": "s"}
     )
     assert from_extra.explicit_keys and from_extra.access_key_id == "AKIAE"
-    chain = _s3_client.settings_from_connection("c", None, None, {"region_name": "us-east-2"})
+    chain = _s3_client.options_from_connection("c", None, None, {"region_name": "us-east-2"})
     assert not chain.explicit_keys and chain.endpoint_url is None
 
 
 def test_lease_key_is_per_connection_region_endpoint_and_changes_with_the_secret() -> None:
     def make(**extra: Any) -> Any:
-        return _s3_client.settings_from_connection("c", "AKIAX", extra.pop("secret", SECRET), extra)
+        return _s3_client.options_from_connection("c", "AKIAX", extra.pop("secret", SECRET), extra)
 
     assert make(region_name="us-east-1").lease_key == make(region_name="us-east-1").lease_key
     assert make(region_name="us-east-1").lease_key != make(region_name="eu-west-1").lease_key
@@ -109,7 +109,7 @@ def test_unusable_connections_are_fatal(
     login: Any, password: Any, extra: dict[str, Any], error_type: str, says: str
 ) -> None:
     with pytest.raises(FatalError) as caught:
-        _s3_client.settings_from_connection("c", login, password, extra)
+        _s3_client.options_from_connection("c", login, password, extra)
     assert caught.value.error_type == error_type
     assert says in caught.value.message
     assert "aws_conn_id='c'" in caught.value.message
@@ -316,14 +316,14 @@ async def test_many_triggers_share_one_client(
     admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str, make_conn: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     created: list[Any] = []
-    real_create = s3_triggers.create_client
+    real_create = s3_poller.open_client
 
     async def counting_create(settings: Any) -> Any:
         client = await real_create(settings)
         created.append(settings.conn_id)
         return client
 
-    monkeypatch.setattr(s3_triggers, "create_client", counting_create)
+    monkeypatch.setattr(s3_poller, "open_client", counting_create)
     other_conn = make_conn(proxy.url, conn_id="s3_test_other")
     n = 50
     triggers = [
@@ -437,7 +437,7 @@ async def cold_start(count: int, connections: int, bucket: str, make_conn: Any, 
     conn_ids = [make_conn(endpoint, conn_id=f"s3_cold_{i}") for i in range(connections)]
     # Airflow's own first connection lookup in a process imports its secrets machinery on the
     # loop; a running triggerer has done that long before. Do it here, outside the measurement.
-    await _s3_client.resolve_settings(conn_ids[0])
+    await _s3_client.load_options(conn_ids[0])
     return [
         S3KeyTrigger(bucket_key=f"s3://{bucket}/ready.csv", aws_conn_id=conn_ids[i % connections], poll_interval=0.05)
         for i in range(count)

@@ -16,7 +16,7 @@ import pytest
 from airflow.sdk import Asset, AssetWatcher
 
 from airflow_deferrable_kit._event_streams import live_boards
-from airflow_deferrable_kit._s3_poller import Listing
+from airflow_deferrable_kit._s3.poller import Listing
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import WatcherHarness

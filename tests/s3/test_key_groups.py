@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import _s3_poller
-from airflow_deferrable_kit._s3_client import create_client
-from airflow_deferrable_kit._s3_key_groups import (
+from airflow_deferrable_kit._s3 import poller as _s3_poller
+from airflow_deferrable_kit._s3.client import open_client
+from airflow_deferrable_kit._s3.key_groups import (
     HEAD_ONLY_SECONDS,
     MAX_LISTING_PAGES,
     POLLS_PER_LISTING_PAGE,
     KeyGroup,
     folder_of,
 )
-from airflow_deferrable_kit._s3_poller import S3Poller, listing_reuse_window
+from airflow_deferrable_kit._s3.poller import S3Poller, listing_reuse_window
 from airflow_deferrable_kit.clients import held_keys
-from airflow_deferrable_kit.payload import TransientError
+from airflow_deferrable_kit.errors import TransientError
 from airflow_deferrable_kit.testing import run_trigger_payload
 from tests.s3.conftest import admin_settings, put_many
 from tests.s3.fault_proxy import FaultProxy, settle
@@ -154,7 +154,7 @@ async def test_a_refused_listing_falls_back_to_head_and_fails_no_wait(
 async def test_a_throttled_listing_is_the_transient_error_a_throttled_head_is(
     admin: Any, bucket: str, proxy: FaultProxy
 ) -> None:
-    poller = S3Poller(await create_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
+    poller = S3Poller(await open_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
     try:
         group = poller._groups[bucket, "run-42/"] = KeyGroup("run-42/")
         now = asyncio.get_running_loop().time()

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_deferrable_kit._s3_client import create_client
-from airflow_deferrable_kit._s3_poller import LISTING_REUSE_MAX, Listing, S3Poller, listing_reuse_window
+from airflow_deferrable_kit._s3.client import open_client
+from airflow_deferrable_kit._s3.poller import LISTING_REUSE_MAX, Listing, S3Poller, listing_reuse_window
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.base import Found
@@ -133,7 +133,7 @@ async def test_cancelling_every_wait_cancels_their_shared_listing(
 
 async def test_a_listing_answers_only_polls_within_its_window(admin: Any, bucket: str, proxy: FaultProxy) -> None:
     await put_many(admin, bucket, ["win/a.csv", "win/b.csv"])
-    poller = S3Poller(await create_client(admin_settings(proxy.url)))
+    poller = S3Poller(await open_client(admin_settings(proxy.url)))
     try:
         first = await poller.list_prefix(bucket, "win/", max_age=30)
         again = await poller.list_prefix(bucket, "win/", max_age=30)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit._s3_client import create_client
-from airflow_deferrable_kit._s3_poller import S3Poller
+from airflow_deferrable_kit._s3.client import open_client
+from airflow_deferrable_kit._s3.poller import S3Poller
 from airflow_deferrable_kit.testing import run_trigger_payload
 from tests.s3.conftest import admin_settings, put_many
 from tests.s3.fault_proxy import FaultProxy
@@ -40,7 +40,7 @@ async def test_heads_of_unusual_keys_go_where_botocore_sends_them(
     ours = [s.raw_path for s in proxy.seen if s.method == "HEAD" and s.path != f"/{bucket}"]
     assert not any(from_botocore(proxy))
 
-    reference = await create_client(admin_settings(proxy.url))
+    reference = await open_client(admin_settings(proxy.url))
     try:
         for key in ODD_KEYS:
             await reference.head_object(Bucket=bucket, Key=key)
@@ -54,7 +54,7 @@ async def test_listings_of_unusual_keys_match_botocore(
     admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str
 ) -> None:
     await put_many(admin, bucket, [*ODD_KEYS, "odd/zz.txt"])
-    poller = S3Poller(await create_client(admin_settings(proxy.url)))
+    poller = S3Poller(await open_client(admin_settings(proxy.url)))
     try:
         listing = await poller.list_prefix(bucket, "odd/", max_age=0)
         reference = await poller.client.list_objects_v2(Bucket=bucket, Prefix="odd/")

@@ -2,7 +2,7 @@
 
 Watchers of the same topics (``KafkaMessageEventTrigger``) share one Airflow shared stream, and
 its producer reads through the connection's shared
-:class:`~airflow_deferrable_kit._kafka_reader.ConnectionReader` (the very fetch consumer the
+:class:`~airflow_deferrable_kit._kafka.reader.ConnectionReader` (the very fetch consumer the
 waits use) as one :class:`StreamWaiter`: a waiter that never finishes and keeps every message
 handed to it. :class:`TopicsStream` cuts what it was handed into :class:`Batch` es, each saying
 per partition which offsets it covers (``start`` to ``through``, every message in between that
@@ -12,7 +12,7 @@ watermark) and ask the stream to read again from there (:meth:`TopicsStream.rewi
 
 Behind the shared reader (at the start, after a rewind, or when its queue overflowed) the stream
 reads at its own pace, one fetch per batch, on a consumer of its own
-(:class:`~airflow_deferrable_kit._kafka_catchup.OwnPace`), and joins the shared reader again as
+(:class:`~airflow_deferrable_kit._kafka.catchup.OwnPace`), and joins the shared reader again as
 soon as it is level, so catching up on a backlog is pulled batch by batch and never buffered.
 """
 
@@ -22,26 +22,22 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from airflow_deferrable_kit._kafka_catchup import OwnPace, read_on_own
-from airflow_deferrable_kit._kafka_fanout import FanOut, Waiter
-from airflow_deferrable_kit._kafka_messages import MATCHERS, SUCCESS, KafkaMessage, MatchSpec
+from airflow_deferrable_kit._kafka import settings
+from airflow_deferrable_kit._kafka.catchup import OwnPace, read_on_own
+from airflow_deferrable_kit._kafka.fanout import FanOut, Waiter
+from airflow_deferrable_kit._kafka.messages import MATCHERS, SUCCESS, KafkaMessage, MatchSpec
 from airflow_deferrable_kit.conditions import ConditionSet, Decision
-from airflow_deferrable_kit.errors import ErrorType, FatalError
-from airflow_deferrable_kit.payload import WaitError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError
 
 if TYPE_CHECKING:
     from aiokafka import TopicPartition
 
-    from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
+    from airflow_deferrable_kit._kafka.fanout import TopicReader
+    from airflow_deferrable_kit._kafka.reader import ConnectionReader
 
 log = logging.getLogger(__name__)
-
-#: The most messages (and value bytes) a stream queues from the shared reader between two
-#: batches; past either it leaves the reader and reads on at its own pace, batch by batch.
-STREAM_QUEUE_MESSAGES: Final = 5000
-STREAM_QUEUE_BYTES: Final = 16 * 1024 * 1024
 
 
 def every_message(value_format: str) -> MatchSpec:
@@ -57,7 +53,10 @@ class StreamWaiter(Waiter):
     def offer(self, message: KafkaMessage, tp: TopicPartition, feed: FanOut) -> bool:
         if not self.admit(message, tp):
             return False
-        if len(self.queue) >= STREAM_QUEUE_MESSAGES or self.queued_bytes + message.size > STREAM_QUEUE_BYTES:
+        if (
+            len(self.queue) >= settings.STREAM_QUEUE_MESSAGES
+            or self.queued_bytes + message.size > settings.STREAM_QUEUE_BYTES
+        ):
             self._fall_behind(feed, tp, message.offset)  # read again from this message, at our pace
             return True
         self.queue.append((message, SUCCESS, None))
@@ -325,8 +324,6 @@ def native_offsets(portable: Mapping[str, Mapping[str, Any]]) -> dict[TopicParti
 
 
 __all__ = [
-    "STREAM_QUEUE_BYTES",
-    "STREAM_QUEUE_MESSAGES",
     "Batch",
     "StreamWaiter",
     "TopicsStream",

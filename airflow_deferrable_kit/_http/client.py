@@ -1,6 +1,6 @@
 """The aiohttp side of the HTTP wait: connection -> request settings, one shared session, responses, errors.
 
-* :func:`resolve_target` reads an Airflow ``http`` connection inside the triggerer and turns it
+* :func:`load_options` reads an Airflow ``http`` connection inside the triggerer and turns it
   into a :class:`Target`: base URL, headers (extras and ``Authorization``), proxy and TLS. The
   trigger kwargs carry only the connection id, never a credential.
 * :func:`open_session` builds the one pooled keep-alive ``ClientSession`` every HTTP trigger of a
@@ -287,7 +287,7 @@ class Target:
         return url
 
 
-async def resolve_target(conn_id: str) -> Target:
+async def load_options(conn_id: str) -> Target:
     """Read the connection asynchronously and turn it into a :class:`Target`."""
     from yarl import URL
 

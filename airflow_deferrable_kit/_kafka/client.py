@@ -1,15 +1,15 @@
 """The aiokafka side of the Kafka wait: connection -> client options, library errors -> ours,
 consumers and admin clients started safely and scoped to the topics they serve.
 
-Credentials never leave :func:`~airflow_deferrable_kit._kafka_settings.load_client_options`
-(the connection -> options half of this client module, kept apart for size): the trigger
-carries a ``kafka_conn_id`` and the secret is read there, in the triggerer.
+Credentials never leave :func:`~airflow_deferrable_kit._kafka.settings.load_options` (the
+connection -> options step, with every tunable of the package): the trigger carries a
+``kafka_conn_id`` and the secret is read there, in the triggerer.
 
 Every client this package starts is *scoped* (:func:`scope_client`): its metadata requests name
 the topics it serves and never the whole cluster (aiokafka asks for every topic whenever its
 list of topics is empty, and at bootstrap, which on a broker with thousands of topics costs
 megabytes and tens of milliseconds of CPU per client), never create a topic, open connections
-only through the connection's :class:`~airflow_deferrable_kit._kafka_gate.ConnectGate`, and log
+only through the connection's :class:`~airflow_deferrable_kit._kafka.gate.ConnectGate`, and log
 aiokafka's own per-attempt warnings at debug (the gate logs one line per backoff step).
 
 Every use of an aiokafka private API is in the fenced section at the end of this module, each
@@ -30,19 +30,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from airflow_deferrable_kit._kafka_gate import ConnectGate, ConnectGates
+from airflow_deferrable_kit._kafka import settings
+from airflow_deferrable_kit._kafka.gate import ConnectGate, ConnectGates
 from airflow_deferrable_kit._tls import read_refusal
-from airflow_deferrable_kit.errors import ErrorType, describe_exception
-from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError, describe_exception
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
 log = logging.getLogger(__name__)
-
-#: How long a probe connection (telling a SASL rejection from a broker that is down) may take.
-PROBE_TIMEOUT_MS = 5_000
 
 
 # ================================================================================ errors
@@ -540,7 +537,7 @@ async def _answers_without_sasl(options: Mapping[str, Any]) -> bool:
             client_id=options.get("client_id", "airflow-deferrable-kit"),
             ssl_context=options.get("ssl_context"),
             security_protocol=protocol,
-            request_timeout_ms=PROBE_TIMEOUT_MS,
+            request_timeout_ms=settings.PROBE_TIMEOUT_MS,
         )
     except asyncio.CancelledError:
         raise

@@ -1,8 +1,8 @@
 """aiobotocore behind the S3 wait: connection -> client, botocore's errors -> ours, and botocore's internals.
 
-* :func:`resolve_settings` reads an Airflow ``aws`` connection, inside the triggerer, so no
+* :func:`load_options` reads an Airflow ``aws`` connection, inside the triggerer, so no
   secret ever travels in trigger kwargs.
-* :func:`create_client` builds the client off the loop. Building an aiobotocore client is mostly
+* :func:`open_client` builds the client off the loop. Building an aiobotocore client is mostly
   synchronous work: importing botocore (~0.3 s), parsing its JSON models (``endpoints.json``
   alone is 1.2 MB), reading ``~/.aws`` files and, for the default credential chain, asking the
   instance metadata service. All of it, and the assembly of the client itself (~50 ms of CPU),
@@ -12,8 +12,8 @@
 * :func:`classify_s3_error` is the one place botocore's exceptions become transient or fatal.
 * The last section fences every use of aiobotocore's and botocore's private API, each with why.
 
-The client is polled through :class:`airflow_deferrable_kit._s3_poller.S3Poller`, whose HEADs
-and listing pages take the direct path of :mod:`airflow_deferrable_kit._s3_requests`.
+The client is polled through :class:`airflow_deferrable_kit._s3.poller.S3Poller`, whose HEADs
+and listing pages take the direct path of :mod:`airflow_deferrable_kit._s3.requests`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ from typing import Any, Final
 
 from airflow_deferrable_kit._redact import guard_loggers
 from airflow_deferrable_kit.connections import get_connection, get_extra
-from airflow_deferrable_kit.errors import ErrorType
-from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,7 @@ def _optional_str(extra: Mapping[str, Any], name: str, conn_id: str) -> str | No
     return value
 
 
-def settings_from_connection(
+def options_from_connection(
     conn_id: str, login: str | None, password: str | None, extra: Mapping[str, Any]
 ) -> S3Settings:
     """Read an Airflow ``aws`` connection the way the Amazon provider does (the subset we support).
@@ -154,7 +153,7 @@ def settings_from_connection(
     )
 
 
-async def resolve_settings(aws_conn_id: str | None) -> S3Settings:
+async def load_options(aws_conn_id: str | None) -> S3Settings:
     """Look the connection up (asynchronously) and read it; ``None`` means the default chain."""
     if aws_conn_id is None:
         return S3Settings(conn_id=None)
@@ -165,7 +164,7 @@ async def resolve_settings(aws_conn_id: str | None) -> S3Settings:
             return S3Settings(conn_id=None)
         raise
     extra = await get_extra(conn)
-    return settings_from_connection(aws_conn_id, conn.login, conn.password, extra)
+    return options_from_connection(aws_conn_id, conn.login, conn.password, extra)
 
 
 # ------------------------------------------------------------------ off-loop preparation
@@ -289,7 +288,7 @@ CREDENTIAL_LOGGERS: Final = (
 )
 
 
-async def create_client(settings: S3Settings) -> Any:
+async def open_client(settings: S3Settings) -> Any:
     """An open aiobotocore S3 client, built in a worker thread so the event loop never waits."""
     guard_loggers(CREDENTIAL_LOGGERS)
     client = await asyncio.get_running_loop().run_in_executor(_builder_executor(), _build_client, settings)
@@ -420,7 +419,7 @@ async def _unentered_client(session: Any, **kwargs: Any) -> Any:
 
     ``create_client()`` returns a context manager that builds *and enters* the client where it
     is used; here the client is built in a worker thread, on a private loop (:func:`_build_client`),
-    and entered later on the trigger's loop (:func:`create_client`), so only the building is wanted.
+    and entered later on the trigger's loop (:func:`open_client`), so only the building is wanted.
     """
     return await session._create_client("s3", **kwargs)
 

@@ -13,16 +13,16 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from airflow_deferrable_kit._kafka_client import (
+from airflow_deferrable_kit._kafka import settings
+from airflow_deferrable_kit._kafka.client import (
     describe_topics,
     out_of_range_offsets,
     start_admin,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka_gate import ConnectGates
-from airflow_deferrable_kit._kafka_settings import load_client_options
-from airflow_deferrable_kit.errors import ErrorType
-from airflow_deferrable_kit.payload import TransientError
+from airflow_deferrable_kit._kafka.gate import ConnectGates
+from airflow_deferrable_kit._kafka.settings import load_options
+from airflow_deferrable_kit.errors import ErrorType, TransientError
 
 if TYPE_CHECKING:
     from aiokafka import TopicPartition
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: How long the worker's one-off lookup of the log end offsets may take (bootstrap included).
-LOG_END_LOOKUP_SECONDS = 30.0
 
 #: A group's committed offsets for some partitions (-1 where it has none).
 CommittedLookup = Callable[[list["TopicPartition"]], Awaitable[dict["TopicPartition", int]]]
@@ -163,7 +161,7 @@ async def log_end_offsets(kafka_conn_id: str, topics: list[str]) -> dict[str, di
     from aiokafka import TopicPartition
 
     async def lookup() -> dict[str, dict[str, int]]:
-        options = await load_client_options(kafka_conn_id)
+        options = await load_options(kafka_conn_id)
         consumer = await start_consumer(options, topics=topics, metadata_max_age_ms=300_000)
         try:
             answer = describe_topics(consumer, topics)
@@ -178,10 +176,11 @@ async def log_end_offsets(kafka_conn_id: str, topics: list[str]) -> dict[str, di
             await consumer.stop()
 
     try:
-        return await asyncio.wait_for(lookup(), LOG_END_LOOKUP_SECONDS)
+        return await asyncio.wait_for(lookup(), settings.LOG_END_LOOKUP_SECONDS)
     except asyncio.TimeoutError as exc:
         raise TransientError(
-            f"kafka_conn_id={kafka_conn_id!r}: no answer within {LOG_END_LOOKUP_SECONDS:.0f}s looking up the log end",
+            f"kafka_conn_id={kafka_conn_id!r}: no answer within "
+            f"{settings.LOG_END_LOOKUP_SECONDS:.0f}s looking up the log end",
             error_type=ErrorType.UNAVAILABLE,
         ) from exc
 
@@ -216,7 +215,7 @@ async def commit_offset(*, kafka_conn_id: str, group_id: str, topic: str, partit
     from aiokafka import TopicPartition
     from aiokafka.structs import OffsetAndMetadata
 
-    options = await load_client_options(kafka_conn_id)
+    options = await load_options(kafka_conn_id)
     consumer = await start_consumer(options, topics=[topic], metadata_max_age_ms=300_000, group_id=group_id)
     try:
         tp = TopicPartition(topic, partition)
@@ -246,7 +245,6 @@ def group_by_partition(requests: Iterable[tuple[TopicPartition, int]]) -> list[d
 
 
 __all__ = [
-    "LOG_END_LOOKUP_SECONDS",
     "CommittedLookup",
     "CommittedOffsets",
     "OffsetsSource",

@@ -1,6 +1,6 @@
 """asyncpg behind the Postgres wait: connection -> client, and asyncpg's errors -> ours.
 
-* :func:`connect_options` turns an Airflow ``postgres`` connection into asyncpg arguments, inside
+* :func:`load_options` turns an Airflow ``postgres`` connection into asyncpg arguments, inside
   the triggerer, so no DSN or password ever travels in trigger kwargs.
 * :func:`open_pool` builds the one bounded pool a connection id gets per process: a thousand
   waiting triggers share ``pool_max_size`` server connections (4 by default), and a waiter
@@ -12,7 +12,7 @@
 
 The Postgres wait uses no private asyncpg API. What it does rely on beyond asyncpg's documented
 surface, the text of a few errors asyncpg gives no class of their own, is said where it is used.
-The LISTEN engine is in :mod:`airflow_deferrable_kit._postgres_listener`.
+The LISTEN engine is in :mod:`airflow_deferrable_kit._postgres.listener`.
 
 asyncpg is imported inside functions only, so this module imports without the ``postgres`` extra.
 """
@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._tls import read_refusal
 from airflow_deferrable_kit.connections import get_connection, get_extra
-from airflow_deferrable_kit.errors import ErrorType
-from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -164,7 +163,7 @@ def options_from_connection(conn_id: str, conn: Connection, extra: dict[str, Any
     return ConnectOptions(kwargs=kwargs, pool_max_size=pool_max_size, where=where, client_certificate=certificate)
 
 
-async def connect_options(conn_id: str) -> ConnectOptions:
+async def load_options(conn_id: str) -> ConnectOptions:
     """Resolve ``conn_id`` through Airflow's async connection API and map it for asyncpg."""
     conn = await get_connection(conn_id, argument="postgres_conn_id", conn_types=("postgres", "postgresql"))
     return options_from_connection(conn_id, conn, await get_extra(conn))
@@ -237,7 +236,7 @@ async def open_pool(conn_id: str) -> asyncpg.Pool:
     await asyncio.to_thread(__import__, "asyncpg")  # the first import takes ~0.1 s: not on the loop
     import asyncpg
 
-    options = await connect_options(conn_id)
+    options = await load_options(conn_id)
     log.info("Opening a Postgres pool for %s (%s, at most %d connections)", conn_id, options, options.pool_max_size)
     pool: asyncpg.Pool = await asyncpg.create_pool(
         connect=functools.partial(connect, conn_id, options),

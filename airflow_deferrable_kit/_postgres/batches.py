@@ -46,7 +46,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit import clients
-from airflow_deferrable_kit._postgres_client import (
+from airflow_deferrable_kit._postgres.client import (
     classify_postgres_error,
     close_pool,
     connection_lost,
@@ -55,7 +55,7 @@ from airflow_deferrable_kit._postgres_client import (
     pooled,
     query_timed_out,
 )
-from airflow_deferrable_kit.payload import TransientError
+from airflow_deferrable_kit.errors import TransientError
 
 if TYPE_CHECKING:
     import asyncpg

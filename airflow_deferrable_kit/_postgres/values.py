@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_deferrable_kit.errors import ErrorType
-from airflow_deferrable_kit.payload import FatalError, PayloadError, json_safe
+from airflow_deferrable_kit.errors import ErrorType, FatalError
+from airflow_deferrable_kit.payload import PayloadError, json_safe
 
 # ---------------------------------------------------------------------------- values in
 _TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "name", "citext", "char"})

@@ -6,7 +6,7 @@ most a short window (:func:`listing_reuse_window`, the rule of every shared poll
 is checked once for all the waits on it. A failed answer is never reused. Waits on exact keys
 of one folder share listings the same way when that is cheaper than one HEAD each
 (:meth:`S3Poller.find_object`; the rule and its bound are in
-:mod:`airflow_deferrable_kit._s3_key_groups`).
+:mod:`airflow_deferrable_kit._s3.key_groups`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
-from airflow_deferrable_kit._s3_client import classify_s3_error
-from airflow_deferrable_kit._s3_key_groups import GROUP_SWEEP_SECONDS, MAX_LISTING_PAGES, KeyGroup, folder_of
-from airflow_deferrable_kit._s3_requests import DirectRequests
+from airflow_deferrable_kit._s3.client import S3Settings, classify_s3_error, open_client
+from airflow_deferrable_kit._s3.key_groups import GROUP_SWEEP_SECONDS, MAX_LISTING_PAGES, KeyGroup, folder_of
+from airflow_deferrable_kit._s3.requests import DirectRequests
 from airflow_deferrable_kit._shared_polls import REUSE_MAX as LISTING_REUSE_MAX
 from airflow_deferrable_kit._shared_polls import SharedAnswers
 from airflow_deferrable_kit._shared_polls import reuse_window as listing_reuse_window
-from airflow_deferrable_kit.payload import TransientError
+from airflow_deferrable_kit.errors import TransientError
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +233,11 @@ class S3Poller:
         """Stop shared requests nobody waits for any more and close the client's pool."""
         self._answers.close()
         await self.client.close()
+
+
+async def open_poller(settings: S3Settings) -> S3Poller:
+    """The shared poller of one connection: its client built off the loop (the first lease calls this)."""
+    return S3Poller(await open_client(settings), where=settings.describe())
 
 
 async def close_poller(poller: S3Poller) -> None:

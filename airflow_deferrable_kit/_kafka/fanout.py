@@ -14,12 +14,15 @@ import asyncio
 import collections
 import heapq
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from airflow_deferrable_kit._kafka_client import known_position
-from airflow_deferrable_kit._kafka_messages import (
+from airflow_deferrable_kit._kafka import settings
+from airflow_deferrable_kit._kafka.client import known_position
+from airflow_deferrable_kit._kafka.gate import ConnectGates
+from airflow_deferrable_kit._kafka.messages import (
     PREDICATE,
     PROBLEMS,
     KafkaMessage,
@@ -27,22 +30,16 @@ from airflow_deferrable_kit._kafka_messages import (
     Point,
     canonical_value,
 )
+from airflow_deferrable_kit._kafka.offsets import OffsetsSource, StartOffsets, resolve_start
+from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import MISSING, Decision
+from airflow_deferrable_kit.errors import WaitError
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from airflow_deferrable_kit._kafka_reader import TopicReader
 
-# Tunables. Module constants rather than kwargs: the reader is shared, so they are per process.
-#: A waiter's queue of messages awaiting its predicate; past either bound it leaves the reader
-#: and catches up on its own, so a slow waiter never makes the process hold the stream for it.
-WAITER_QUEUE_MESSAGES = 256
-WAITER_QUEUE_BYTES = 4 * 1024 * 1024
-#: Fan-out work after which the reader yields to the event loop...
-DISPATCH_SLICE_SECONDS = 0.01
-#: ...or waits woken (each then builds its event on the loop) after which it does.
-WAKES_PER_SLICE = 32
+log = logging.getLogger(__name__)
 
 
 # ================================================================================ waiter
@@ -184,7 +181,8 @@ class Waiter:
             return False
         kind, decision = outcome
         if kind == PREDICATE and (
-            len(self.queue) >= WAITER_QUEUE_MESSAGES or self.queued_bytes + message.size > WAITER_QUEUE_BYTES
+            len(self.queue) >= settings.WAITER_QUEUE_MESSAGES
+            or self.queued_bytes + message.size > settings.WAITER_QUEUE_BYTES
         ):
             self._fall_behind(feed, tp, message.offset)
             return True
@@ -280,7 +278,9 @@ class Pace:
         self.woken = 0
 
     def due(self) -> bool:
-        return self.woken >= WAKES_PER_SLICE or time.monotonic() - self.started > DISPATCH_SLICE_SECONDS
+        return (
+            self.woken >= settings.WAKES_PER_SLICE or time.monotonic() - self.started > settings.DISPATCH_SLICE_SECONDS
+        )
 
     async def pause(self) -> None:
         await asyncio.sleep(0)
@@ -514,7 +514,7 @@ class CatchUpPass(FanOut):
             if waiter in late:  # not released meanwhile
                 del late[waiter]
                 waiter.join(self)  # never behind: the pass starts at the earliest position
-            if time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
+            if time.monotonic() - slice_start > settings.DISPATCH_SLICE_SECONDS:
                 await asyncio.sleep(0)
                 slice_start = time.monotonic()
 
@@ -554,9 +554,112 @@ class CatchUpPass(FanOut):
                     waiter.cursor[tp] = position
             if not waiter.try_attach(self.topic):
                 waiter.wake.set()  # cannot happen while level; if it did, the waiter catches up again
-            if time.monotonic() - slice_start > DISPATCH_SLICE_SECONDS:
+            if time.monotonic() - slice_start > settings.DISPATCH_SLICE_SECONDS:
                 break
         return not self.groups
 
 
-__all__ = ["COUNTED", "CatchUpPass", "FanOut", "Pace", "Waiter", "hand_out"]
+__all__ = ["COUNTED", "CatchUpPass", "Connection", "FanOut", "Pace", "TopicReader", "Waiter", "hand_out"]
+
+
+# ================================================================================ topics
+class Connection(Protocol):
+    """What a topic and its catch-up passes ask of the connection reader that holds them.
+
+    :class:`~airflow_deferrable_kit._kafka.reader.ConnectionReader` is the one implementation;
+    naming only what is used here keeps the hand-out below the reader that drives it.
+    """
+
+    conn_id: str
+    options: dict[str, Any]
+    gates: ConnectGates
+    topics: dict[str, TopicReader]
+
+    @property
+    def lookups(self) -> OffsetsSource: ...
+
+    def retry_delay(self, failures: int) -> float: ...
+
+    def leave(self, reader: TopicReader) -> None: ...
+
+    def catch_up(self, reader: TopicReader, waiter: Waiter) -> None: ...
+
+    async def committed(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+
+class TopicReader(FanOut):
+    """One topic waited on through a :class:`ConnectionReader`: its hand-out and its state.
+
+    ``positions[tp]`` is the next offset it hands out; it starts at the log end of every
+    partition when the topic is first waited on. ``resolved`` is set once the broker has said
+    whether the topic exists (or a fatal error ended it). Waiters behind it are brought up to
+    it by the connection's catch-up passes.
+    """
+
+    def __init__(self, connection: Connection, topic: str) -> None:
+        super().__init__(topic, {})
+        self.connection = connection
+        self.refs = 0
+        self.known = False
+        self.fatal: WaitError | None = None
+        self.resolved = asyncio.Event()
+        #: Catch-up passes run so far for this topic, the one running now, and who waits for one.
+        self.passes = 0
+        self.catching_up: Any = None
+        self.late: dict[Waiter, None] = {}
+
+    @property
+    def conn_id(self) -> str:
+        return self.connection.conn_id
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.connection.options
+
+    def everyone(self) -> list[Waiter]:
+        """Every waiter this topic serves: attached, in a catch-up pass, or waiting for one."""
+        everyone = set(self.waiters()) | set(self.late)
+        if self.catching_up is not None:
+            everyone.update(self.catching_up.waiters())
+        return list(everyone)
+
+    def forget(self, waiter: Waiter) -> None:
+        self.late.pop(waiter, None)
+
+    def catch_up(self, waiter: Waiter) -> None:
+        """Have a shared pass bring ``waiter`` (behind this topic's hand-out) up to it."""
+        self.connection.catch_up(self, waiter)
+
+    def fail(self, error: WaitError) -> None:
+        """End every wait on this topic with ``error`` (each wait logs its own outcome)."""
+        if self.fatal is None:
+            log.debug("Kafka topic %s on %s failed: %s", self.topic, self.conn_id, redact(error.message))
+        self.fatal = error
+        self.resolved.set()
+        for waiter in self.everyone():
+            waiter.wake.set()
+
+    async def start_offsets(
+        self,
+        tps: list[TopicPartition],
+        *,
+        start_from: str,
+        start_after_ms: int | None,
+        group_id: str | None,
+        fixed: StartOffsets | None = None,
+    ) -> dict[TopicPartition, int]:
+        """Where a wait starts in ``tps`` (see :func:`resolve_start`), through the shared lookups."""
+        committed = None
+        if group_id is not None:
+
+            async def committed(todo: list[TopicPartition]) -> dict[TopicPartition, int]:
+                return await self.connection.committed(group_id, todo)
+
+        return await resolve_start(
+            self.connection.lookups,
+            list(tps),
+            start_from=start_from,
+            start_after_ms=start_after_ms,
+            committed=committed,
+            start_offsets=None if fixed is None else {self.topic: dict(fixed.get(self.topic, {}))},
+        )

@@ -1,4 +1,4 @@
-"""Connection -> aiokafka options for the Kafka wait (the first half of its client module).
+"""Connection -> aiokafka options for the Kafka wait, and every per-process tunable of its engine.
 
 A Kafka connection's host/port, extras and credentials become the keyword arguments every
 aiokafka client of the wait is started with, and its TLS files one shared ``SSLContext``. The
@@ -13,15 +13,14 @@ from typing import Any, Final
 
 from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
 from airflow_deferrable_kit.connections import get_connection, get_extra
-from airflow_deferrable_kit.errors import ErrorType
-from airflow_deferrable_kit.payload import FatalError
+from airflow_deferrable_kit.errors import ErrorType, FatalError
 
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
 
 
 # ============================================================================ connection
-def client_options(
+def options_from_connection(
     *,
     conn_id: str,
     host: str | None,
@@ -109,11 +108,11 @@ def client_options(
     return options, tls
 
 
-async def load_client_options(conn_id: str) -> dict[str, Any]:
+async def load_options(conn_id: str) -> dict[str, Any]:
     """Resolve ``conn_id`` in the triggerer into aiokafka kwargs (secrets never leave this call)."""
     conn = await get_connection(conn_id, argument="kafka_conn_id", conn_types=("kafka",))
     extra = await get_extra(conn)
-    options, tls = client_options(
+    options, tls = options_from_connection(
         conn_id=conn_id, host=conn.host, port=conn.port, login=conn.login, password=conn.password, extra=extra
     )
     if tls is not None:
@@ -122,4 +121,59 @@ async def load_client_options(conn_id: str) -> dict[str, Any]:
     return options
 
 
-__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "client_options", "load_client_options"]
+__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "load_options", "options_from_connection"]
+
+# ============================================================================ tunables
+# Per process, not per wait: the reader, its hand-out and its gates are shared by every wait of a
+# connection, so these are module constants read when used (a test or an operator may set them).
+
+# client
+#: How long a probe connection (telling a SASL rejection from a broker that is down) may take.
+PROBE_TIMEOUT_MS = 5_000
+
+# gate
+#: Backoff between connection attempts to one broker: full jitter on base * 2^n, capped.
+CONNECT_BACKOFF_BASE = 0.5
+CONNECT_BACKOFF_CAP = 30.0
+
+# reader
+#: How often the reader looks for new partitions and topics (and for log ends that moved back).
+PARTITION_REFRESH_SECONDS = 30.0
+#: How long one fetch waits for data before the reader loop turns over.
+FETCH_WAIT_MS = 1000
+#: Records taken from the consumer per fetch.
+MAX_RECORDS_PER_FETCH = 5000
+#: How stale the shared consumers' own view of leaders may get (errors refresh it at once).
+METADATA_MAX_AGE_MS = 300_000
+#: How often the positions of partitions that returned nothing are re-read from the consumer.
+POSITION_SYNC_SECONDS = 1.0
+
+# fanout
+#: A waiter's queue of messages awaiting its predicate; past either bound it leaves the reader
+#: and catches up on its own, so a slow waiter never makes the process hold the stream for it.
+WAITER_QUEUE_MESSAGES = 256
+WAITER_QUEUE_BYTES = 4 * 1024 * 1024
+#: Fan-out work after which the reader yields to the event loop...
+DISPATCH_SLICE_SECONDS = 0.01
+#: ...or waits woken (each then builds its event on the loop) after which it does.
+WAKES_PER_SLICE = 32
+
+# catchup
+#: Own-pace catch-up consumers (waits whose predicate fell behind) at once per connection.
+MAX_CATCHUPS_PER_CONNECTION = 8
+#: How long a connection keeps its catch-up consumer after the last pass, for the next late wait.
+CATCH_UP_LINGER_SECONDS = 30.0
+
+# lookups
+#: How long a question waits for others to join it before the batch is asked.
+GATHER_SECONDS = 0.005
+
+# offsets
+#: How long the worker's one-off lookup of the log end offsets may take (bootstrap included).
+LOG_END_LOOKUP_SECONDS = 30.0
+
+# stream
+#: The most messages (and value bytes) a stream queues from the shared reader between two
+#: batches; past either it leaves the reader and reads on at its own pace, batch by batch.
+STREAM_QUEUE_MESSAGES = 5000
+STREAM_QUEUE_BYTES = 16 * 1024 * 1024

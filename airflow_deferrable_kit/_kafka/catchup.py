@@ -3,7 +3,7 @@
 A wait whose start lies behind its topic's hand-out (it starts from its deferral and messages
 arrived since, the triggerer restarted, or it reads from ``earliest``/``committed``) must read
 that gap first. :class:`CatchUps` runs the passes of one connection (a
-:class:`~airflow_deferrable_kit._kafka_fanout.CatchUpPass` per topic with late waits, all on
+:class:`~airflow_deferrable_kit._kafka.fanout.CatchUpPass` per topic with late waits, all on
 *one* consumer), so N late waits on M topics cost one consumer and one read of each gap. A wait
 whose predicate cannot keep up reads at its own pace (:func:`read_on_own`, on a consumer of
 its own from :class:`OwnPace`, a few per connection at most) and joins again.
@@ -16,7 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
-from airflow_deferrable_kit._kafka_client import (
+from airflow_deferrable_kit._kafka import settings
+from airflow_deferrable_kit._kafka.client import (
     classify_kafka_error,
     failed_topic,
     import_aiokafka,
@@ -24,35 +25,21 @@ from airflow_deferrable_kit._kafka_client import (
     quiet_aiokafka,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka_fanout import CatchUpPass, Waiter, hand_out
-from airflow_deferrable_kit._kafka_messages import KafkaMessage
-from airflow_deferrable_kit._kafka_offsets import clamp_to_log
+from airflow_deferrable_kit._kafka.fanout import CatchUpPass, Connection, TopicReader, Waiter, hand_out
+from airflow_deferrable_kit._kafka.messages import KafkaMessage
+from airflow_deferrable_kit._kafka.offsets import clamp_to_log
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import Decision
-from airflow_deferrable_kit.errors import ErrorType, describe_exception
-from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError, describe_exception
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from airflow_deferrable_kit._kafka_reader import ConnectionReader, TopicReader
-
 log = logging.getLogger(__name__)
 
-#: Own-pace catch-up consumers (waits whose predicate fell behind) at once per connection.
-MAX_CATCHUPS_PER_CONNECTION = 8
-#: How long a connection keeps its catch-up consumer after the last pass, for the next late wait.
-CATCH_UP_LINGER_SECONDS = 30.0
 
 T = TypeVar("T")
-
-
-def _fetch_settings() -> tuple[int, int]:
-    """The reader's fetch tunables, read when used (they live with the reader, which imports us)."""
-    from airflow_deferrable_kit import _kafka_reader
-
-    return _kafka_reader.FETCH_WAIT_MS, _kafka_reader.MAX_RECORDS_PER_FETCH
 
 
 class CatchUps:
@@ -61,10 +48,10 @@ class CatchUps:
     A late waiter joins its topic's running pass if that has not yet gone past its position;
     otherwise it is in the topic's next pass, which starts when the running one is done. The
     consumer is assigned the partitions of every running pass and is kept
-    ``CATCH_UP_LINGER_SECONDS`` after the last one, then closed.
+    ``settings.CATCH_UP_LINGER_SECONDS`` after the last one, then closed.
     """
 
-    def __init__(self, connection: ConnectionReader) -> None:
+    def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.passes: dict[str, CatchUpPass] = {}
         self.consumer: AIOKafkaConsumer | None = None
@@ -176,14 +163,14 @@ class CatchUps:
         if any(reader.late for reader in self.connection.topics.values()):
             return True
         try:
-            await asyncio.wait_for(self._arrived.wait(), CATCH_UP_LINGER_SECONDS)
+            await asyncio.wait_for(self._arrived.wait(), settings.CATCH_UP_LINGER_SECONDS)
         except asyncio.TimeoutError:
             return any(reader.late for reader in self.connection.topics.values())
         return True
 
     async def _read(self) -> None:
         """One fetch for every running pass, each record handed to its topic's pass."""
-        fetch_wait_ms, max_records = _fetch_settings()
+        fetch_wait_ms, max_records = settings.FETCH_WAIT_MS, settings.MAX_RECORDS_PER_FETCH
         if self.consumer is None:
             self.consumer = await start_consumer(
                 self.connection.options,
@@ -251,7 +238,7 @@ async def read_on_own(
     """
     from aiokafka.errors import OffsetOutOfRangeError
 
-    fetch_wait_ms, max_records = _fetch_settings()
+    fetch_wait_ms, max_records = settings.FETCH_WAIT_MS, settings.MAX_RECORDS_PER_FETCH
     wanted = set(targets)
     if consumer.assignment() != wanted:
         consumer.assign(sorted(wanted))
@@ -287,7 +274,7 @@ async def read_on_own(
 class OwnPace:
     """The private consumers of one wait that reads at its own pace (its predicate fell behind).
 
-    One per topic, taken from a per-connection allowance of :data:`MAX_CATCHUPS_PER_CONNECTION`
+    One per topic, taken from a per-connection allowance of :data:`settings.MAX_CATCHUPS_PER_CONNECTION`
     so that many slow waits cannot open many consumers; closed as soon as the wait rejoins.
     """
 
@@ -332,8 +319,12 @@ _catchup_slots: PerLoop[dict[str, asyncio.Semaphore]] = PerLoop(dict)
 def _catchup_slot(conn_id: str) -> asyncio.Semaphore:
     slots = _catchup_slots.get()
     if conn_id not in slots:
-        slots[conn_id] = asyncio.Semaphore(MAX_CATCHUPS_PER_CONNECTION)
+        slots[conn_id] = asyncio.Semaphore(settings.MAX_CATCHUPS_PER_CONNECTION)
     return slots[conn_id]
 
 
-__all__ = ["CATCH_UP_LINGER_SECONDS", "MAX_CATCHUPS_PER_CONNECTION", "CatchUps", "OwnPace", "read_on_own"]
+__all__ = [
+    "CatchUps",
+    "OwnPace",
+    "read_on_own",
+]

@@ -3,12 +3,12 @@
 A :class:`ConnectionReader` serves every wait on one Airflow connection, whatever its topics:
 one consumer fetches the partitions of every topic waited on (re-assigned as waits come and
 go), one more answers metadata and offset lookups for all of them (batched), and one more runs
-the catch-up passes of late waits on any topic (:class:`~airflow_deferrable_kit._kafka_catchup.CatchUps`).
+the catch-up passes of late waits on any topic (:class:`~airflow_deferrable_kit._kafka.catchup.CatchUps`).
 Each topic waited on has a :class:`TopicReader`: its hand-out (a
-:class:`~airflow_deferrable_kit._kafka_fanout.FanOut`) with its positions and waiters, and no
+:class:`~airflow_deferrable_kit._kafka.fanout.FanOut`) with its positions and waiters, and no
 consumer of its own. So the sockets, the memory and the metadata follow the brokers and the
 topics waited on, not the number of waits or topics; every client asks the broker about the
-topics waited on only (see :func:`~airflow_deferrable_kit._kafka_client.scope_client`).
+topics waited on only (see :func:`~airflow_deferrable_kit._kafka.client.scope_client`).
 Broker outages are absorbed by the consumers, which reconnect through the connection's gate;
 fatal errors reach the waiters of the topics they concern.
 """
@@ -23,8 +23,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
-from airflow_deferrable_kit._kafka_catchup import CatchUps
-from airflow_deferrable_kit._kafka_client import (
+from airflow_deferrable_kit._kafka import settings
+from airflow_deferrable_kit._kafka.catchup import CatchUps
+from airflow_deferrable_kit._kafka.client import (
     TopicsAnswer,
     classify_kafka_error,
     describe_topics,
@@ -35,109 +36,18 @@ from airflow_deferrable_kit._kafka_client import (
     refresh_topics,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka_fanout import FanOut, Waiter, hand_out
-from airflow_deferrable_kit._kafka_gate import ConnectGates, gates_for
-from airflow_deferrable_kit._kafka_lookups import BatchedLookups
-from airflow_deferrable_kit._kafka_offsets import CommittedOffsets, StartOffsets, resolve_start
-from airflow_deferrable_kit._kafka_settings import load_client_options
+from airflow_deferrable_kit._kafka.fanout import TopicReader, Waiter, hand_out
+from airflow_deferrable_kit._kafka.gate import ConnectGates, gates_for
+from airflow_deferrable_kit._kafka.lookups import BatchedLookups
+from airflow_deferrable_kit._kafka.offsets import CommittedOffsets
+from airflow_deferrable_kit._kafka.settings import load_options
 from airflow_deferrable_kit._redact import redact
-from airflow_deferrable_kit.errors import ErrorType, describe_exception
-from airflow_deferrable_kit.payload import FatalError, TransientError, WaitError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError, describe_exception
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
 log = logging.getLogger(__name__)
-
-# Tunables. Module constants rather than kwargs: the reader is shared, so they are per process.
-#: How often the reader looks for new partitions and topics (and for log ends that moved back).
-PARTITION_REFRESH_SECONDS = 30.0
-#: How long one fetch waits for data before the reader loop turns over.
-FETCH_WAIT_MS = 1000
-#: Records taken from the consumer per fetch.
-MAX_RECORDS_PER_FETCH = 5000
-#: How stale the shared consumers' own view of leaders may get (errors refresh it at once).
-METADATA_MAX_AGE_MS = 300_000
-#: How often the positions of partitions that returned nothing are re-read from the consumer.
-POSITION_SYNC_SECONDS = 1.0
-
-
-class TopicReader(FanOut):
-    """One topic waited on through a :class:`ConnectionReader`: its hand-out and its state.
-
-    ``positions[tp]`` is the next offset it hands out; it starts at the log end of every
-    partition when the topic is first waited on. ``resolved`` is set once the broker has said
-    whether the topic exists (or a fatal error ended it). Waiters behind it are brought up to
-    it by the connection's catch-up passes.
-    """
-
-    def __init__(self, connection: ConnectionReader, topic: str) -> None:
-        super().__init__(topic, {})
-        self.connection = connection
-        self.refs = 0
-        self.known = False
-        self.fatal: WaitError | None = None
-        self.resolved = asyncio.Event()
-        #: Catch-up passes run so far for this topic, the one running now, and who waits for one.
-        self.passes = 0
-        self.catching_up: Any = None
-        self.late: dict[Waiter, None] = {}
-
-    @property
-    def conn_id(self) -> str:
-        return self.connection.conn_id
-
-    @property
-    def options(self) -> dict[str, Any]:
-        return self.connection.options
-
-    def everyone(self) -> list[Waiter]:
-        """Every waiter this topic serves: attached, in a catch-up pass, or waiting for one."""
-        everyone = set(self.waiters()) | set(self.late)
-        if self.catching_up is not None:
-            everyone.update(self.catching_up.waiters())
-        return list(everyone)
-
-    def forget(self, waiter: Waiter) -> None:
-        self.late.pop(waiter, None)
-
-    def catch_up(self, waiter: Waiter) -> None:
-        """Have a shared pass bring ``waiter`` (behind this topic's hand-out) up to it."""
-        self.connection.catch_ups.add(self, waiter)
-
-    def fail(self, error: WaitError) -> None:
-        """End every wait on this topic with ``error`` (each wait logs its own outcome)."""
-        if self.fatal is None:
-            log.debug("Kafka topic %s on %s failed: %s", self.topic, self.conn_id, redact(error.message))
-        self.fatal = error
-        self.resolved.set()
-        for waiter in self.everyone():
-            waiter.wake.set()
-
-    async def start_offsets(
-        self,
-        tps: list[TopicPartition],
-        *,
-        start_from: str,
-        start_after_ms: int | None,
-        group_id: str | None,
-        fixed: StartOffsets | None = None,
-    ) -> dict[TopicPartition, int]:
-        """Where a wait starts in ``tps`` (see :func:`resolve_start`), through the shared lookups."""
-        committed = None
-        if group_id is not None:
-
-            async def committed(todo: list[TopicPartition]) -> dict[TopicPartition, int]:
-                return await self.connection.committed(group_id, todo)
-
-        return await resolve_start(
-            self.connection.lookups,
-            list(tps),
-            start_from=start_from,
-            start_after_ms=start_after_ms,
-            committed=committed,
-            start_offsets=None if fixed is None else {self.topic: dict(fixed.get(self.topic, {}))},
-        )
 
 
 class ConnectionReader:
@@ -147,7 +57,7 @@ class ConnectionReader:
     A new topic is looked up together with every other topic joined at the same time (one
     metadata request, one end-offsets lookup) and its partitions are added to the fetch
     consumer's assignment; the partitions of a topic nobody waits on any more are dropped from
-    it at the next turn of the fetch loop. Every ``PARTITION_REFRESH_SECONDS`` one metadata
+    it at the next turn of the fetch loop. Every ``settings.PARTITION_REFRESH_SECONDS`` one metadata
     request for all topics finds new partitions, topics that appeared and logs cut back.
     """
 
@@ -178,7 +88,7 @@ class ConnectionReader:
     @classmethod
     async def open(cls, conn_id: str) -> ConnectionReader:
         """A reader for ``conn_id`` (its connection resolved; no broker contacted yet)."""
-        return cls(conn_id, await load_client_options(conn_id))
+        return cls(conn_id, await load_options(conn_id))
 
     @staticmethod
     async def close_reader(reader: ConnectionReader) -> None:
@@ -229,6 +139,10 @@ class ConnectionReader:
         if reader.positions:
             self._reassign = True  # no wake: dropping partitions can wait for the next turn
 
+    def catch_up(self, reader: TopicReader, waiter: Waiter) -> None:
+        """Have the connection's shared catch-up passes bring ``waiter`` up to ``reader``."""
+        self.catch_ups.add(reader, waiter)
+
     async def committed(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """The group's committed offsets (read-only: no join, no commit); -1 where none."""
         return await self._committed(group_id, tps)
@@ -251,7 +165,7 @@ class ConnectionReader:
             if self.lookup is None:
                 topics = set(self.topics)
                 self.lookup = await start_consumer(
-                    self.options, topics=topics, gates=self.gates, metadata_max_age_ms=METADATA_MAX_AGE_MS
+                    self.options, topics=topics, gates=self.gates, metadata_max_age_ms=settings.METADATA_MAX_AGE_MS
                 )
                 self._fresh_metadata = topics  # its bootstrap just described these
             return self.lookup
@@ -271,7 +185,7 @@ class ConnectionReader:
         quiet_aiokafka()
         await import_aiokafka()
         failures = 0
-        next_refresh = time.monotonic() + PARTITION_REFRESH_SECONDS
+        next_refresh = time.monotonic() + settings.PARTITION_REFRESH_SECONDS
         while True:
             self._metadata_wake.clear()
             if not self._pending and time.monotonic() < next_refresh:
@@ -283,7 +197,7 @@ class ConnectionReader:
                 if admitting:
                     await self._admit()
                 else:
-                    next_refresh = time.monotonic() + PARTITION_REFRESH_SECONDS
+                    next_refresh = time.monotonic() + settings.PARTITION_REFRESH_SECONDS
                     await self._refresh()
                 if failures:
                     log.info("Kafka reader for %s recovered after %d error(s)", self.conn_id, failures)
@@ -412,7 +326,7 @@ class ConnectionReader:
                 batch = await self._fetch_once()
                 if batch:
                     await self._dispatch(batch)
-                if not batch or time.monotonic() - last_sync >= POSITION_SYNC_SECONDS:
+                if not batch or time.monotonic() - last_sync >= settings.POSITION_SYNC_SECONDS:
                     self._sync_positions(None)
                     last_sync = time.monotonic()
                 else:
@@ -457,7 +371,7 @@ class ConnectionReader:
                 self.options,
                 topics={tp.topic for tp in wanted},
                 gates=self.gates,
-                metadata_max_age_ms=METADATA_MAX_AGE_MS,
+                metadata_max_age_ms=settings.METADATA_MAX_AGE_MS,
             )
             return  # topics may have come or gone while it started: the loop looks again
         self._reassign = False
@@ -471,7 +385,7 @@ class ConnectionReader:
         """One fetch, cut short when partitions are added (so a new topic is read at once)."""
         assert self.fetch is not None
         self._fetch_wake = wake = asyncio.get_running_loop().create_future()
-        fetch = self.fetch.getmany(timeout_ms=FETCH_WAIT_MS, max_records=MAX_RECORDS_PER_FETCH)
+        fetch = self.fetch.getmany(timeout_ms=settings.FETCH_WAIT_MS, max_records=settings.MAX_RECORDS_PER_FETCH)
         fetching = asyncio.ensure_future(fetch)
         try:
             await asyncio.wait({fetching, wake}, return_when=asyncio.FIRST_COMPLETED)
@@ -550,9 +464,5 @@ def _not_authorized(topic: str) -> FatalError:
 
 
 __all__ = [
-    "FETCH_WAIT_MS",
-    "MAX_RECORDS_PER_FETCH",
-    "PARTITION_REFRESH_SECONDS",
     "ConnectionReader",
-    "TopicReader",
 ]

@@ -12,7 +12,7 @@ for it, so errors are classified the same way.
 Anything else goes through botocore unchanged: a bucket whose rules ask for another signer (S3
 Express, multi-region access points), a configured ``signature_version``, and a request answered
 by a redirect or a bare 400 (a bucket in another region), which botocore's region redirector
-then follows. The botocore internals this needs are fenced in :mod:`airflow_deferrable_kit._s3_client`.
+then follows. The botocore internals this needs are fenced in :mod:`airflow_deferrable_kit._s3.client`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Final
 
-from airflow_deferrable_kit._s3_client import resolve_sigv4_endpoint, send_signed, user_agent
+from airflow_deferrable_kit._s3.client import resolve_sigv4_endpoint, send_signed, user_agent
 
 #: Statuses handed over to botocore, whose region redirector recognises a bucket that lives in
 #: another region by them (a request signed for the wrong region gets a redirect or a 400).

@@ -25,7 +25,7 @@ from airflow_deferrable_kit.conditions import (
     lookup,
     parse_path,
 )
-from airflow_deferrable_kit.payload import cap_text, cap_value
+from airflow_deferrable_kit.payload import cap_text
 
 #: Matchers a Kafka condition may use, and whether each takes an argument.
 MATCHERS: Final = {"key": False, "value": False, "path": True, "header": True}
@@ -269,11 +269,6 @@ def _parsed_path(path: str) -> tuple[str | int, ...]:
     return parse_path(path)
 
 
-def capped_actual(value: Any) -> Any:
-    """A decision's observed value, cut down to a short excerpt if it is a large document."""
-    return cap_value(value, MAX_ACTUAL_CHARS)
-
-
 # ============================================================================ conditions
 def canonical_acceptors(
     *,
@@ -364,5 +359,4 @@ __all__ = [
     "Point",
     "canonical_acceptors",
     "canonical_value",
-    "capped_actual",
 ]

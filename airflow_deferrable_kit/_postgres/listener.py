@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._backoff import full_jitter
-from airflow_deferrable_kit._postgres_client import connect, connect_options
+from airflow_deferrable_kit._postgres.client import connect, load_options
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.errors import describe_exception
 
@@ -70,7 +70,7 @@ class ChannelListener:
             conn: asyncpg.Connection | None = None
             lost = asyncio.Event()
             try:
-                options = await connect_options(self.conn_id)
+                options = await load_options(self.conn_id)
                 conn = await connect(self.conn_id, options)
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(self.channel, self._on_notify)

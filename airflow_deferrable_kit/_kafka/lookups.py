@@ -3,7 +3,7 @@
 A thousand waits deferred at once, each on its own topic, each ask where they start: the end,
 beginning or timestamp offsets of a few partitions. One by one that is thousands of broker round
 trips queued on one connection. :class:`BatchedLookups` looks like a consumer's lookups to its
-callers (it is an :class:`~airflow_deferrable_kit._kafka_offsets.OffsetsSource`), but holds
+callers (it is an :class:`~airflow_deferrable_kit._kafka.offsets.OffsetsSource`), but holds
 each question for a moment, asks all of them at once (aiokafka groups a lookup by partition
 leader), and hands every caller its part. Transient failures are retried here, once for all
 callers, so a broker outage does not make every waiting wait log its own retries.
@@ -18,19 +18,17 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._backoff import full_jitter
-from airflow_deferrable_kit._kafka_client import classify_kafka_error, quiet_aiokafka
-from airflow_deferrable_kit._kafka_offsets import group_by_partition
+from airflow_deferrable_kit._kafka import settings
+from airflow_deferrable_kit._kafka.client import classify_kafka_error, quiet_aiokafka
+from airflow_deferrable_kit._kafka.offsets import group_by_partition
 from airflow_deferrable_kit._redact import redact
-from airflow_deferrable_kit.errors import describe_exception
-from airflow_deferrable_kit.payload import TransientError
+from airflow_deferrable_kit.errors import TransientError, describe_exception
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
 log = logging.getLogger(__name__)
 
-#: How long a question waits for others to join it before the batch is asked.
-GATHER_SECONDS = 0.005
 #: Backoff of a batch that failed transiently (full jitter), seconds.
 RETRY_BASE, RETRY_CAP = 0.5, 30.0
 
@@ -92,7 +90,7 @@ class BatchedLookups:
         quiet_aiokafka()
         try:
             while self._queue:
-                await asyncio.sleep(GATHER_SECONDS)
+                await asyncio.sleep(settings.GATHER_SECONDS)
                 batch, self._queue = self._queue, []
                 batch = [entry for entry in batch if not entry[2].done()]  # askers cancelled meanwhile
                 if batch:

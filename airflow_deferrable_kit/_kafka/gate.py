@@ -19,14 +19,11 @@ import logging
 from dataclasses import dataclass
 
 from airflow_deferrable_kit._backoff import full_jitter
+from airflow_deferrable_kit._kafka import settings
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import redact
 
 log = logging.getLogger(__name__)
-
-#: Backoff between connection attempts to one broker: full jitter on base * 2^n, capped.
-CONNECT_BACKOFF_BASE = 0.5
-CONNECT_BACKOFF_CAP = 30.0
 
 
 @dataclass
@@ -81,7 +78,7 @@ class ConnectGate:
         if self.failures and asyncio.get_running_loop().time() < self.not_before:
             return self.seconds_to_wait()
         self.failures += 1
-        delay = full_jitter(self.failures, base=CONNECT_BACKOFF_BASE, cap=CONNECT_BACKOFF_CAP)
+        delay = full_jitter(self.failures, base=settings.CONNECT_BACKOFF_BASE, cap=settings.CONNECT_BACKOFF_CAP)
         self.not_before = asyncio.get_running_loop().time() + delay
         reason = error or self.last_error or "connection failed"
         log.warning(
@@ -137,4 +134,8 @@ def gates_for(conn_id: str) -> ConnectGates:
     return gates
 
 
-__all__ = ["CONNECT_BACKOFF_BASE", "CONNECT_BACKOFF_CAP", "ConnectGate", "ConnectGates", "gates_for"]
+__all__ = [
+    "ConnectGate",
+    "ConnectGates",
+    "gates_for",
+]

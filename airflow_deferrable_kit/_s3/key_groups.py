@@ -9,7 +9,7 @@ on (``s3:prefix`` conditions).
 
 The rule (:meth:`KeyGroup.lists`): a poll of a key in a folder is answered from a shared
 listing of that folder when the polls expected in one listing's window
-(:func:`airflow_deferrable_kit._s3_poller.listing_reuse_window`) outnumber the folder's listing
+(:func:`airflow_deferrable_kit._s3.poller.listing_reuse_window`) outnumber the folder's listing
 pages by :data:`POLLS_PER_LISTING_PAGE`. Polls are expected from the keys of the folder polled
 recently, each at its own poll interval. A page of 1,000 objects costs about 8 HEADs of CPU to
 read and S3 prices a LIST like 12.5 HEADs, so at 16 polls per page a listing is cheaper on both
