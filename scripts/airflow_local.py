@@ -59,6 +59,9 @@ class LocalAirflow:
     sql_alchemy_conn: str | None = None
     #: How many triggerer processes to start (named ``triggerer``, ``triggerer-2``, ...).
     triggerers: int = 1
+    #: Extra environment of one process only, by its name (``"triggerer"``, ``"dag-processor"``):
+    #: a host that differs from the others (fewer extras, code shipped to one component only).
+    component_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -128,8 +131,9 @@ class LocalAirflow:
         if component in ("scheduler", "triggerer"):
             args.append("--skip-serve-logs")
         log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        env = {**self.env, **self.component_env.get(name, {})}
         self.processes[name] = subprocess.Popen(
-            args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         return self.processes[name]
 

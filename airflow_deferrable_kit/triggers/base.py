@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import functools
 import json
 import math
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
-from typing import Any, ClassVar
+from types import FrameType
+from typing import Any, ClassVar, Final
 
 from airflow.triggers.base import (
     BaseEventTrigger,
@@ -280,10 +283,16 @@ class PollingTrigger(BaseTrigger):
     #: package's waits are named by module (``s3``, ``datetime``), yours by class name.
     metrics_name: ClassVar[str | None] = None
 
+    #: Why this trigger could not be built when Airflow's trigger runner built it (see
+    #: :func:`_reported_from_run`): the wait ends with this error, a watcher retries. Typed by a
+    #: comment, not an annotation, so that it is no dataclass field (no trigger kwarg).
+    _unbuilt = None  # type: FatalError | None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(kw_only=True, eq=False, repr=False)(cls)
         _refuse_reserved_parameters(cls)
+        _reported_from_run(cls)
 
     def __post_init__(self) -> None:
         BaseTrigger.__init__(self)
@@ -295,6 +304,25 @@ class PollingTrigger(BaseTrigger):
         self._validate_common()
         self.validate()
         require_json_primitives(self._kwargs(), what=f"{type(self).__name__} kwargs")
+
+    def _not_built(self, exc: Exception, kwargs: dict[str, Any]) -> None:
+        """Keep what went wrong in the constructor, to be reported from :meth:`run`.
+
+        Only when Airflow's trigger runner is building the trigger: the runner survives nothing
+        but a ``TypeError`` from a constructor, and one trigger it cannot build would stop every
+        wait and watcher of the triggerer (see :func:`_reported_from_run`).
+        """
+        if "_leases" not in self.__dict__:  # stopped before the base's own state was set
+            BaseTrigger.__init__(self)
+            self._leases = None
+            self._deadline_ts = None
+            self._metrics = for_trigger(type(self))
+        self._build_kwargs = kwargs
+        self._unbuilt = FatalError(
+            f"{type(self).__name__} could not be built in the triggerer: {describe_exception(exc)}",
+            error_type=ErrorType.BAD_CONFIGURATION,
+        )
+        self.log.error("%s", redact(self._unbuilt.message))
 
     def _validate_common(self) -> None:
         for name in ("poll_interval", "max_backoff"):
@@ -377,6 +405,12 @@ class PollingTrigger(BaseTrigger):
 
     # ------------------------------------------------------------------------ the loop
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        if self._unbuilt is not None:
+            # A plain event, whatever the flags (they may be what was wrong): the task resumes
+            # on a worker, which fails it with this message, as it would at its first look.
+            self._metrics.fatal(self._unbuilt.error_type)
+            yield TriggerEvent(error_payload(self._unbuilt.error_type, self._unbuilt.message))
+            return
         started = self.clock.time()
         try:
             payload = await self.wait()
@@ -568,6 +602,48 @@ _DEADLINE = object()
 
 #: Names ``BaseTrigger`` sets or uses on every instance (``__init__`` resets some of them).
 _BASE_TRIGGER_ATTRIBUTES = frozenset({"trigger_id", "task_id", "template_fields", "template_ext", "task_instance"})
+
+
+#: The module of Airflow's trigger runner (``TriggerRunner.create_triggers`` builds triggers).
+_TRIGGER_RUNNER_MODULE: Final = "airflow.jobs.triggerer_job_runner"
+
+
+def _built_by_trigger_runner() -> bool:
+    """Whether Airflow's trigger runner is on the stack (asked only after a constructor failed)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == _TRIGGER_RUNNER_MODULE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _reported_from_run(cls: type[PollingTrigger]) -> None:
+    """Make ``cls``'s constructor raise nothing but ``TypeError`` inside Airflow's trigger runner.
+
+    ``TriggerRunner.create_triggers()`` (Airflow 3.3.2) survives a ``TypeError`` from a
+    constructor and nothing else: any other exception kills the runner, the triggerer exits, and
+    the trigger row is still there for the next triggerer (or an HA peer) to die on. So there
+    a failed validation, a missing extra or an unimportable wait class is kept and reported from
+    ``run()`` (one ``error`` event for a wait; a watcher logs it and tries again). Everywhere
+    else (a DAG file being parsed, a worker deferring) the constructor raises as before, so bad
+    input is still refused at parse. The healthy path pays nothing: the stack is only looked at
+    after a constructor failed.
+    """
+    build = cls.__init__
+
+    @functools.wraps(build)
+    def __init__(self: PollingTrigger, *args: Any, **kwargs: Any) -> None:
+        try:
+            build(self, *args, **kwargs)
+        except TypeError:
+            raise  # the runner's own "failed to inflate": a wrong or missing keyword
+        except Exception as exc:
+            if not _built_by_trigger_runner():
+                raise
+            self._not_built(exc, kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
 
 
 def _refuse_reserved_parameters(cls: type[PollingTrigger]) -> None:

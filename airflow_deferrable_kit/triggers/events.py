@@ -64,6 +64,9 @@ HOW_TO_LOOK: Final = ("poll_interval", "max_backoff", "backfill")
 MIN_WAKE_GAP: Final = 0.25
 #: Retry backoff of a watermark read that failed.
 LOAD_RETRY_BASE, LOAD_RETRY_CAP = 0.5, 30.0
+#: A watcher the triggerer could not build (a missing extra, an unimportable wait, a bad
+#: argument) tries again with this backoff: deploying the fix and nothing else brings it back.
+UNBUILT_RETRY_BASE, UNBUILT_RETRY_CAP = 5.0, 300.0
 #: The key a list travels under in the kwargs of an event trigger (see :func:`portable_kwargs`).
 LIST_KEY: Final = "__adk_list__"
 
@@ -201,6 +204,8 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         return watermark_key(type(self).__name__, identity)
 
     def shared_stream_key(self) -> Hashable | None:
+        if self._unbuilt is not None:
+            return None  # alone, in run(), until it can be built
         identity = json.dumps(self.stream_identity(), sort_keys=True, separators=(",", ":"))
         return ("airflow_deferrable_kit", self.serialize()[0], identity, float(self.poll_interval))
 
@@ -347,12 +352,45 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             )
             return state
 
+    async def _until_built(self) -> EventTrigger:
+        """Build this watcher again with backoff until it can be (see ``PollingTrigger._not_built``).
+
+        Nothing fires meanwhile, and each failed try logs the reason: the triggerer and every
+        other trigger on it go on; deploying the missing extra or module brings this one back.
+        """
+        failures = 0
+        while self._unbuilt is not None:
+            failures += 1
+            delay = full_jitter(failures, base=UNBUILT_RETRY_BASE, cap=UNBUILT_RETRY_CAP)
+            self.log.error(
+                "%s; nothing fires until this is fixed, trying again in %.1fs", redact(self._unbuilt.message), delay
+            )
+            await asyncio.sleep(delay)
+            importlib.invalidate_caches()  # a module deployed since is found
+            try:
+                fresh = type(self)(**self._build_kwargs)
+            except Exception as exc:  # built outside the runner: the constructor raises
+                self._not_built(exc, self._build_kwargs)
+                continue
+            if fresh._unbuilt is None:
+                fresh.asset_state_store = self.asset_state_store
+                fresh.trigger_id = self.trigger_id
+                self.log.info("%s: built after %d attempt(s); watching", type(self).__name__, failures)
+                return fresh
+            self._unbuilt = fresh._unbuilt
+        return self
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Alone (no shared stream): poll and filter in this task; the watermark follows the consumer.
 
         The triggerer of Airflow 3.3 uses :meth:`filter_shared_stream` instead; this path is for
         tests, ``dag.test()`` and Airflows without shared streams.
         """
+        if self._unbuilt is not None:
+            built = await self._until_built()
+            async for event in built.run():
+                yield event
+            return
         source = type(self)(**self.serialize()[1])
         stream = standalone_stream(source)
         async with contextlib.aclosing(stream), contextlib.aclosing(self.filter_shared_stream(stream)) as events:

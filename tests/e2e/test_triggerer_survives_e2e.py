@@ -1,0 +1,84 @@
+"""A real triggerer that cannot build some kit triggers keeps running and finishes the others.
+
+Airflow's trigger runner dies on any exception but ``TypeError`` from a trigger's constructor, and
+the trigger row stays, so every restart would die on it again. Here the triggerer's host differs
+from the rest, as real deployments do: it lacks the ``s3`` extra (a smaller triggerer image), and
+it lacks the module of an ``as_event_trigger()`` watcher's wait (code shipped to the DAG processor
+only). The S3 wait must end alone with the pip command, the watcher must keep trying without
+firing, and a healthy wait on the same triggerer must succeed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scripts.airflow_local import LocalAirflow
+
+pytestmark = pytest.mark.e2e
+
+HERE = Path(__file__).parent
+DAGS = HERE / "survival_dags"
+HOSTS = HERE / "survival_hosts"
+DAG_ID = "adk_e2e_survival"
+
+
+def _path_with(folder: Path) -> str:
+    return os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+@pytest.fixture(scope="module")
+def uneven_airflow() -> Iterator[LocalAirflow]:
+    dags = Path(tempfile.mkdtemp(prefix="adk-survival-dags-"))
+    for dag in DAGS.glob("*.py"):
+        shutil.copy(dag, dags / dag.name)
+    airflow = LocalAirflow(
+        dags_folder=dags,
+        component_env={
+            "triggerer": {"PYTHONPATH": _path_with(HOSTS / "no_s3_extra")},
+            "dag-processor": {"PYTHONPATH": _path_with(HOSTS / "processor_only")},
+        },
+    )
+    try:
+        airflow.start()
+        yield airflow
+    finally:
+        airflow.stop()
+        shutil.rmtree(airflow.home, ignore_errors=True)
+        shutil.rmtree(dags, ignore_errors=True)
+
+
+def test_the_triggerer_survives_triggers_it_cannot_build_and_finishes_the_others(
+    uneven_airflow: LocalAirflow,
+) -> None:
+    airflow = uneven_airflow
+    airflow.wait_for_dag(DAG_ID)
+    airflow.wait_for_dag("adk_e2e_unbuildable_consumer")
+    target = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=10)).replace(microsecond=0)
+    run_id = airflow.trigger(DAG_ID, conf={"target": target.isoformat()})
+    run = airflow.watch_run(DAG_ID, run_id, timeout=240)
+    log = airflow.log_tail("triggerer", chars=200_000)
+
+    assert airflow.processes["triggerer"].poll() is None, log[-3000:]
+    assert "Trigger runner process has died" not in log
+    assert run.state("healthy") == "success", run.states
+    assert run.state("needs_s3_extra") == "failed", run.states
+    logs = airflow.api(
+        "GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/needs_s3_extra/logs/1?full_content=true"
+    )
+    task_log = json.dumps(logs)  # the error sits in the structured fields of the log lines
+    assert "airflow-deferrable-kit[s3]" in task_log and "S3KeyTrigger could not be built" in task_log, task_log[-3000:]
+    # The watcher whose wait module the triggerer lacks: built, not running, retried with backoff.
+    assert "AlwaysThere" in log and "could not be built in the triggerer" in log, log[-3000:]
+    assert "nothing fires until this is fixed" in log
+    runs = airflow.api("GET", "/api/v2/dags/adk_e2e_unbuildable_consumer/dagRuns")["dag_runs"]
+    assert runs == []
+    health = airflow.api("GET", "/api/v2/monitor/health")
+    assert health["triggerer"]["status"] == "healthy", health
