@@ -105,6 +105,38 @@ def is_unresolved(value: Any) -> bool:
     return False
 
 
+def listeners_registered() -> bool:
+    """Whether this process has listener plugins (Airflow's example listener, OpenLineage, ...).
+
+    Airflow's DagBag refuses any task with ``end_from_trigger=True`` while one is registered
+    (listeners must see a task end on a worker), so a DAG file asking for it would not import.
+    """
+    try:
+        from airflow.listeners.listener import get_listener_manager
+    except ImportError:  # a worker with the task SDK only: no DagBag check there either
+        return False
+    return bool(get_listener_manager().has_listeners)
+
+
+#: Whether the process has said that ``end_from_trigger`` is off (it says so once).
+_END_FROM_TRIGGER_OFF_SAID: list[bool] = []
+
+
+def _say_end_from_trigger_is_off(sensor: BaseOperator) -> None:
+    """Say once per process (the first such task names it) that ``end_from_trigger`` is off."""
+    if _END_FROM_TRIGGER_OFF_SAID:
+        return
+    _END_FROM_TRIGGER_OFF_SAID.append(True)
+    sensor.log.warning(
+        "end_from_trigger=True is turned off for %s (task_id=%r) and every other task in this process: "
+        "listener plugins are registered (OpenLineage, or Airflow's example listener with load_examples), "
+        "and Airflow refuses end_from_trigger with listeners. These waits still defer, and resume on a "
+        "worker for a moment at the end so the listeners see the task finish.",
+        type(sensor).__name__,
+        sensor.task_id,
+    )
+
+
 class DeferrableSensor(BaseSensorOperator):
     """Base for sensors paired with a :class:`PollingTrigger`.
 
@@ -183,6 +215,9 @@ class DeferrableSensor(BaseSensorOperator):
             deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
         self.deferrable = deferrable
         self.check_before_defer = check_before_defer
+        if end_from_trigger and listeners_registered():
+            _say_end_from_trigger_is_off(self)
+            end_from_trigger = False
         self.end_from_trigger = end_from_trigger
         self.max_backoff = max_backoff
         if end_from_trigger and self.checks_in_worker():
