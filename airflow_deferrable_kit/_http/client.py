@@ -77,6 +77,15 @@ TRANSIENT_STATUSES: Final = frozenset({408, 429})
 MAX_RETRY_AFTER: Final = 3600.0
 #: Bodies above this are parsed as JSON in a worker thread instead of on the event loop.
 THREAD_PARSE_BYTES: Final = 256 * 1024
+#: Redirects followed per request: requests' ``Session.max_redirects``, which the official
+#: ``HttpSensor`` follows with.
+MAX_REDIRECTS: Final = 30
+REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
+#: Headers dropped, besides every connection header that carries a credential, when a redirect
+#: leaves the origin (requests drops ``Authorization`` and ``Cookie``; the kit drops the
+#: connection's key headers too, such as ``X-Api-Key``).
+ORIGIN_ONLY_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
+DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
 # ------------------------------------------------------------------------- shared session
@@ -321,6 +330,9 @@ class Response:
     body: bytes
     truncated: bool
     charset: str | None
+    #: Where the answer came from, and how many redirects led there (0: the URL asked).
+    url: URL | None = None
+    redirects: int = 0
 
     @property
     def ok(self) -> bool:
@@ -376,34 +388,73 @@ async def send(
     timeout: float,
     max_body_bytes: int,
 ) -> Response:
-    """One request with the connection's headers, TLS and proxy; redirects are never followed.
+    """One request with the connection's headers, TLS and proxy, following redirects as
+    ``requests`` does for the official ``HttpSensor``.
 
-    Not following redirects keeps the connection's ``Authorization`` at the origin it names.
-    ``timeout`` covers the whole request, including the wait for a pooled socket.
+    Up to :data:`MAX_REDIRECTS` hops; 303 (and 301/302 after a POST, as browsers and requests
+    do) turn into a GET without a body, 307/308 repeat the request. A hop that leaves the origin
+    (another host, port or scheme; http -> https on the same host keeps it) drops the
+    connection's credentials: ``Authorization``, cookies and every credential header of the
+    connection, so they never reach a host the connection does not name. ``timeout`` covers the
+    whole request, every hop and the wait for a pooled socket.
     """
     aiohttp = sys.modules["aiohttp"]  # imported off the loop by open_session, which made `session`
-    options: dict[str, Any] = {}
-    if json_body is not None:
-        options["json"] = json_body
-    async with session.request(
-        method,
-        url,
-        headers=target.headers,
-        ssl=target.ssl,
-        proxy=target.proxy,
-        timeout=aiohttp.ClientTimeout(total=timeout),
-        allow_redirects=False,
-        **options,
-    ) as resp:
-        body, truncated = await read_capped(resp, max_body_bytes)
-        return Response(
-            status=resp.status,
-            reason=resp.reason or "",
-            headers=resp.headers.copy(),
-            body=body,
-            truncated=truncated,
-            charset=resp.charset,
-        )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    headers = dict(target.headers)
+    body = json_body
+    for hop in range(MAX_REDIRECTS + 1):
+        options: dict[str, Any] = {}
+        if body is not None:
+            options["json"] = body
+        async with session.request(
+            method,
+            url,
+            headers=headers,
+            ssl=target.ssl,
+            proxy=target.proxy,
+            timeout=aiohttp.ClientTimeout(total=max(deadline - loop.time(), 0.001)),
+            allow_redirects=False,
+            **options,
+        ) as resp:
+            location = resp.headers.get("Location")
+            if resp.status not in REDIRECT_STATUSES or not location or hop == MAX_REDIRECTS:
+                content, truncated = await read_capped(resp, max_body_bytes)
+                return Response(
+                    status=resp.status,
+                    reason=resp.reason or "",
+                    headers=resp.headers.copy(),
+                    body=content,
+                    truncated=truncated,
+                    charset=resp.charset,
+                    url=url,
+                    redirects=hop,
+                )
+            status = resp.status
+        following = url.join(type(url)(location))
+        if not keeps_credentials(url, following):
+            headers = {name: value for name, value in headers.items() if not _origin_only(name)}
+        if status == 303 or (status in (301, 302) and method == "POST"):
+            method = "GET" if method != "HEAD" else method
+            body = None
+        url = following
+    raise AssertionError("not reached: the last hop returns its response")  # pragma: no cover
+
+
+def keeps_credentials(old: URL, new: URL) -> bool:
+    """Whether a redirect from ``old`` to ``new`` stays at the origin the connection names
+    (``requests``' ``should_strip_auth``, inverted)."""
+    if old.host != new.host:
+        return False
+    old_port = old.explicit_port or DEFAULT_PORTS.get(old.scheme)
+    new_port = new.explicit_port or DEFAULT_PORTS.get(new.scheme)
+    if old.scheme == "http" and new.scheme == "https" and old_port == 80 and new_port == 443:
+        return True  # the upgrade to TLS on the standard ports
+    return old.scheme == new.scheme and old_port == new_port
+
+
+def _origin_only(name: str) -> bool:
+    return name.lower() in ORIGIN_ONLY_HEADERS or is_sensitive_key(name)
 
 
 #: Responses identical requests share, one registry per event loop (see :func:`send_shared`).

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Final
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._http.client import (
+    MAX_REDIRECTS,
     NOT_JSON,
     SESSION_KEY,
     TOO_LARGE,
@@ -229,6 +230,9 @@ class HttpBatchReadyTrigger(PollingTrigger):
         """Decide on one response: ready, not yet, or raise a transient / fatal / failed error."""
         status = response.status
         context: dict[str, Any] = {"status_code": status, "method": method, "url": safe_url}
+        if response.redirects and response.url is not None:
+            context["final_url"] = str(response.url.with_user(None))  # where the answer came from
+            context["redirects"] = response.redirects
         # The body is only evaluated on a 2xx that is not a "not yet" code: an error page or an
         # empty 202 must never satisfy (or break) a path acceptor such as {"exists": false}.
         evaluate_body = response.ok and status not in self.not_yet_codes
@@ -317,10 +321,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
             return TransientError(message, retry_after=retry_after, error_type=error_type, details=details)
         if 300 <= status <= 399:
             location = response.headers.get("Location")
-            message += (
-                f" (redirect to {location!r} not followed, so connection headers never leave its origin; "
-                "point the connection at the final URL)"
-            )
+            if not location:
+                message += " (a redirect without a Location to follow)"
+            elif response.redirects >= MAX_REDIRECTS:
+                message += f" (redirect to {location!r} not followed: more than {MAX_REDIRECTS} redirects)"
         error_type = status_error_type(status)
         if error_type in (ErrorType.AUTHENTICATION, ErrorType.AUTHORIZATION):
             what = "rejected the credentials of" if error_type is ErrorType.AUTHENTICATION else "refused access to"

@@ -260,14 +260,6 @@ async def test_401_and_403_are_fatal_after_one_request(serve: Serve, connection:
     assert len(server.requests) == 1
 
 
-async def test_redirects_are_not_followed(serve: Serve, connection: Conn) -> None:
-    server, conn = api(serve, connection, script(lambda: reply(302, headers={"Location": "http://elsewhere/x"})))
-    payload = await run_trigger_payload(make(conn))
-    assert payload["error_type"] == "bad_request"
-    assert "http://elsewhere/x" in payload["message"]
-    assert len(server.requests) == 1
-
-
 async def test_503_storm_backs_off_until_the_deadline(serve: Serve, connection: Conn) -> None:
     server, conn = api(serve, connection, script(lambda: reply(503, "busy")))
     trigger = make(conn, deadline=deadline_after(1.5))
