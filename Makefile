@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv system-deps lint test test-fast test-floor demo clean
+.PHONY: venv system-deps lint test test-fast test-floor test-beside-official demo clean
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,18 @@ lint: venv
 
 # Unit, integration (real S3 API, HTTP, PostgreSQL, Kafka-protocol broker) and end-to-end
 # (a real Airflow scheduler + triggerer) tests. Services start and stop by themselves.
-test: system-deps lint test-floor
+test: system-deps lint test-floor test-beside-official
 	$(BIN)/pytest -q -p no:cacheprovider --durations=15 tests
 
 # The lowest apache-airflow in pyproject.toml, proven: the built wheel installed next to exactly that
 # version in a throw-away venv, every sensor and trigger imported, tests/core run (about a minute).
 test-floor: venv
 	bash scripts/check-airflow-floor.sh
+
+# The kit with every extra installed beside the official providers (amazon, http, apache-kafka,
+# standard, common-sql, postgres), in either order, on the floor and on 3.3.2: `pip check` clean.
+test-beside-official: venv
+	bash scripts/check-beside-official.sh
 
 # Everything except the real-Airflow end-to-end tests, for a quicker loop while developing.
 test-fast: venv

@@ -20,8 +20,9 @@ floor="$("$PYTHON" scripts/airflow_floor.py)"
 version="${AIRFLOW_VERSION:-$floor}"
 if [ "$#" -eq 0 ]; then
   # Event triggers (AssetWatcher) need Airflow 3.3's shared streams and asset state store, so
-  # their tests are not part of the floor's set (docs/events.md says they need 3.3).
-  set -- tests/core --ignore=tests/core/test_events.py
+  # their tests are not part of the floor's set (docs/events.md says they need 3.3); nor are the
+  # tests that hand 3.3's TriggerRunner its workloads (their shape changed in 3.3).
+  set -- tests/core --ignore=tests/core/test_events.py --ignore=tests/core/test_trigger_runner.py
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/adk-airflow-${version}-XXXXXX")"
