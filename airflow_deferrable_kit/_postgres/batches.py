@@ -26,10 +26,27 @@ a few lanes, each one pooled connection taken once for its batches in turn.
 
 What is not batched, and runs one query per wait as before: a shape whose parameters include an
 array, a composite or a JSON value, and a query the server refuses inside the lateral form (the
-batched statement is prepared once per shape to find out). A batch that fails for a reason that
-is not transient (one wait's value does not fit its type, a row of one wait divides by zero) is
-re-asked one wait at a time, so only the wait at fault gets the error; a transient failure (the
-server restarting) reaches every wait of the batch, each of which backs off on its own.
+batched statement is prepared once per shape to find out).
+
+One wait's fault stays that wait's (the design's isolation contract):
+
+* A statement's time budget is the waits' ``statement_timeout`` times the waits it carries, at
+  most :data:`BUDGET_SCALE_MAX` times: 150 waits of 30 ms each fit, one hung query does not
+  hold the others for long.
+* A batch that runs past its budget is re-asked one wait at a time, each with its own
+  ``statement_timeout``, so every wait gets what it would have got alone: the slow one times
+  out, the others get their rows in the same round. The wait that timed out alone is then asked
+  alone (on a pooled connection of its own, beside the batch) until it answers in time again,
+  so it does not stretch its shape's later batches. When :data:`SYSTEMIC_TIMEOUTS` waits in a
+  row time out alone, the slowness is the server's, not one wait's: the rest share the error.
+* A batch that fails for a reason that is not transient (one wait's value does not fit its
+  type, a row of one wait divides by zero) is re-asked one wait at a time, so only the wait at
+  fault gets the error.
+* A transient failure of the batch as a whole (the server restarting, no connection) is shared
+  as the answer would have been: every wait of the batch gets the error, with one backoff for
+  the shape (:class:`_Outage`). Until it ends, the shape's polls join the one retry statement at
+  its end instead of each sending its own, so an outage costs one statement per shape per
+  backoff step, not one per wait.
 
 asyncpg is imported inside functions only, so this module imports without the ``postgres`` extra.
 """
@@ -46,6 +63,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit import clients
+from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._postgres.client import (
     classify_postgres_error,
     close_pool,
@@ -55,7 +73,7 @@ from airflow_deferrable_kit._postgres.client import (
     pooled,
     query_timed_out,
 )
-from airflow_deferrable_kit.errors import TransientError
+from airflow_deferrable_kit.errors import ErrorType, TransientError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -75,6 +93,15 @@ ARGS, ROW, FIRST, WAIT = '"adk$args"', '"adk$row"', '"adk$first"', '"adk$wait"'
 SETTLE_PER_TURN = 512
 #: Query texts one engine remembers (types, batched form, beat); the least recently used go first.
 MAX_SHAPES = 512
+#: A batch's statement may run ``statement_timeout`` seconds per wait it carries, up to this many.
+BUDGET_SCALE_MAX = 4
+#: Waits in a row that time out when a timed-out batch is re-asked one by one before the rest
+#: are given the timeout too (the server is slow for everyone, not for one wait).
+SYSTEMIC_TIMEOUTS = 3
+#: Values (per engine) remembered as too slow to batch; the oldest are forgotten first.
+MAX_ALONE = 4096
+#: Backoff of a shape whose batch failed as a whole, when its waits do not say theirs.
+DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP = 1.0, 300.0
 
 _STATEMENTS = [0]
 
@@ -268,8 +295,26 @@ class _Batch:
     timeout: float
     asks: dict[Hashable, _Ask] = dataclasses.field(default_factory=dict)
     waiters: int = 0
+    #: The shortest poll interval and backoff cap among the waits: the shape's shared backoff.
+    backoff_base: float = math.inf
+    backoff_cap: float = math.inf
     timer: asyncio.TimerHandle | None = None
     task: asyncio.Task[None] | None = None
+    #: Gathered for the retry at the end of its shape's backoff (sent at once if the shape recovers).
+    parked: bool = False
+
+
+@dataclasses.dataclass
+class _Outage:
+    """A shape whose last batch failed as a whole: its waits retry together at ``retry_at``."""
+
+    failures: int
+    retry_at: float  # loop time
+
+
+def batch_budget(timeout: float, members: int) -> float:
+    """Seconds one statement carrying ``members`` waits may run: their share, bounded."""
+    return float(timeout) * max(1, min(members, BUDGET_SCALE_MAX))
 
 
 @dataclasses.dataclass
@@ -297,6 +342,9 @@ class PostgresBatches:
         self._flush_scheduled = False
         self._lanes: set[asyncio.Task[None]] = set()
         self._beats: dict[tuple[str, float, float, float], float] = {}
+        self._outages: dict[tuple[str, float], _Outage] = {}
+        #: (sql, timeout, values) of waits that timed out alone: asked alone until they answer in time.
+        self._alone_asks: collections.OrderedDict[tuple[str, float, Hashable], None] = collections.OrderedDict()
 
     # ------------------------------------------------------------------------- shapes
     async def parameter_types(self, sql: str, timeout: float) -> list[Any]:
@@ -317,6 +365,10 @@ class PostgresBatches:
         self._shapes.pop(sql, None)
         for beat in [beat for beat in self._beats if beat[0] == sql]:
             del self._beats[beat]
+        for shape in [shape for shape in self._outages if shape[0] == sql]:
+            del self._outages[shape]
+        for slow in [slow for slow in self._alone_asks if slow[0] == sql]:
+            del self._alone_asks[slow]
 
     async def _prepare(self, sql: str, timeout: float) -> _Shape:
         import asyncpg
@@ -362,25 +414,52 @@ class PostgresBatches:
         return (beat - now) % interval or interval
 
     # ------------------------------------------------------------------------- polls
-    async def fetch_row(self, sql: str, args: Sequence[Any], *, timeout: float, window: float) -> Any:
+    async def fetch_row(
+        self,
+        sql: str,
+        args: Sequence[Any],
+        *,
+        timeout: float,
+        window: float,
+        backoff_base: float | None = None,
+        backoff_cap: float | None = None,
+    ) -> Any:
         """The first row of ``sql`` with ``args`` (or ``None``), from the batch of this window.
 
         The batch is sent at the next multiple of ``window`` (loop time), so every wait whose
         poll falls in the same window of the same shape shares it. Cancelling one wait leaves the
         batch to the others; the batch is only called off when every wait in it is gone.
+        ``backoff_base`` and ``backoff_cap`` (the wait's poll interval and ``max_backoff``) shape
+        the one backoff its shape takes when a batch fails as a whole; a poll during that backoff
+        joins the retry at its end.
         """
         values = tuple(args)
         try:
             key = ask_key(values)
         except TypeError:  # values that cannot be told apart by hashing: asked alone
             return await self._alone(sql, values, timeout)
+        slow = (sql, float(timeout), key)
+        if slow in self._alone_asks:  # timed out alone before: not in the batch until it answers in time
+            self._alone_asks.move_to_end(slow)
+            row = await self._alone(sql, values, timeout)
+            self._alone_asks.pop(slow, None)
+            return row
         loop = asyncio.get_running_loop()
+        default_base = window * 10 if window > 0 else DEFAULT_BACKOFF_BASE
+        base = float(backoff_base if backoff_base is not None else default_base)
+        cap = float(backoff_cap if backoff_cap is not None else DEFAULT_BACKOFF_CAP)
         fire_at = math.ceil(loop.time() / window) * window if window > 0 else loop.time()
+        outage = self._outages.get((sql, float(timeout)))
+        if outage is not None and outage.retry_at > fire_at:
+            # The shape backs off as one: join its retry, but never wait past this wait's own cap.
+            fire_at = max(fire_at, min(outage.retry_at, loop.time() + cap))
         slot = (sql, float(timeout), fire_at)
         batch = self._gathering.get(slot)
         if batch is None:
-            batch = self._gathering[slot] = _Batch(sql, float(timeout))
+            batch = self._gathering[slot] = _Batch(sql, float(timeout), parked=outage is not None)
             batch.timer = loop.call_at(fire_at, self._send, slot, batch)
+        batch.backoff_base = min(batch.backoff_base, base)
+        batch.backoff_cap = min(batch.backoff_cap, cap)
         future: asyncio.Future[Any] = loop.create_future()
         ask = batch.asks.get(key)
         if ask is None:
@@ -457,8 +536,9 @@ class PostgresBatches:
                 raise
             except Exception as exc:  # no connection: every batch still waiting gets the error
                 for batch in waiting:
+                    error = self._shared_failure(batch, exc) if _is_transient(exc) else exc
                     for ask in batch.asks.values():
-                        _settle(ask, error=exc)
+                        _settle(ask, error=error)
                 return
 
     async def _answer(self, batch: _Batch, connection: Any) -> None:
@@ -474,29 +554,93 @@ class PostgresBatches:
             for ask in asks:
                 _settle(ask, error=exc)
             return
-        if len(asks) == 1 or shape.batched is None:
+        if shape.batched is None:
             await self._one_by_one(batch, asks, connection)
             return
+        if len(asks) == 1:  # the shape's statement all the same: its transient failure is the shape's
+            await self._lone_ask(batch, asks[0], connection)
+            return
         columns = [list(column) for column in zip(*(ask.args for ask in asks), strict=True)]
+        budget = batch_budget(batch.timeout, len(asks))
         try:
             _count()
-            records = await connection.fetch(shape.batched, *columns, list(range(len(asks))), timeout=batch.timeout)
+            records = await connection.fetch(shape.batched, *columns, list(range(len(asks))), timeout=budget)
         except asyncio.CancelledError:
             raise
+        except asyncio.TimeoutError:  # maybe one wait's slow query: each is asked alone, in its own time
+            log.debug("A batch of %d Postgres waits ran past %.1fs; asking each alone", len(asks), budget)
+            await self._one_by_one(batch, asks, connection, after_timeout=True)
+            return
         except Exception as exc:
             if not _is_transient(exc):  # maybe one wait's fault: only that wait gets the error
                 log.debug("A batch of %d Postgres waits failed (%s); asking each alone", len(asks), exc)
                 await self._one_by_one(batch, asks, connection)
                 return
-            error = query_timed_out(batch.timeout) if isinstance(exc, asyncio.TimeoutError) else exc
+            error = self._shared_failure(batch, exc)
             for ask in asks:
                 _settle(ask, error=error)
             return
+        self._recovered(batch)
         rows = {record[len(record) - 1]: BatchRow(record) for record in records}
         for number, ask in enumerate(asks):
             if number and not number % SETTLE_PER_TURN:
                 await asyncio.sleep(0)  # the waits answered so far run before the next ones are
             _settle(ask, rows.get(number))
+
+    async def _lone_ask(self, batch: _Batch, ask: _Ask, connection: Any) -> None:
+        """The one wait of a batch, asked with its own query (the batched form would add nothing)."""
+        if is_lost(connection):  # closed under an earlier batch of the lane: never sent
+            _settle(ask, error=self._shared_failure(batch, connection_lost()))
+            return
+        try:
+            _count()
+            row = await connection.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            _settle(ask, error=query_timed_out(batch.timeout))
+        except Exception as exc:
+            _settle(ask, error=self._shared_failure(batch, exc) if _is_transient(exc) else exc)
+        else:
+            self._recovered(batch)
+            _settle(ask, row)
+
+    def _recovered(self, batch: _Batch) -> None:
+        """A statement of the shape succeeded: its backoff is over, and polls parked for it go now."""
+        if self._outages.pop((batch.sql, batch.timeout), None) is None:
+            return
+        for slot, parked in list(self._gathering.items()):
+            if parked.parked and slot[:2] == (batch.sql, batch.timeout):
+                if parked.timer is not None:
+                    parked.timer.cancel()
+                self._send(slot, parked)
+
+    def _shared_failure(self, batch: _Batch, exc: BaseException) -> TransientError:
+        """The error every wait of a batch that failed as a whole shares, and the shape's one backoff.
+
+        The shape's next statement goes out when the backoff ends, carrying every poll made in
+        the meantime (:meth:`fetch_row`); each wait's own backoff is at least as long
+        (``retry_after``), so none of them sends a statement of its own in between.
+        """
+        loop = asyncio.get_running_loop()
+        shape = (batch.sql, batch.timeout)
+        outage = self._outages.get(shape)
+        failures = 1 if outage is None else outage.failures + 1
+        base = batch.backoff_base if math.isfinite(batch.backoff_base) else DEFAULT_BACKOFF_BASE
+        cap = batch.backoff_cap if math.isfinite(batch.backoff_cap) else DEFAULT_BACKOFF_CAP
+        delay = full_jitter(failures, base=base, cap=cap)
+        retry_at = loop.time() + delay
+        self._outages[shape] = _Outage(failures, retry_at)
+        error = _transient(exc, batch.timeout)
+        shared = TransientError(
+            f"{error.message} (shared by the {len(batch.asks)} wait(s) of one batched statement; "
+            f"their next statement in {retry_at - loop.time():.1f}s)",
+            error_type=error.error_type,
+            details=error.details,
+            retry_after=max(retry_at - loop.time(), error.retry_after or 0.0),
+        )
+        shared.__cause__ = exc
+        return shared
 
     async def _alone(self, sql: str, args: Sequence[Any], timeout: float) -> Any:
         """One wait's own query on a connection of its own, exactly as it runs unbatched."""
@@ -504,14 +648,29 @@ class PostgresBatches:
             _count()
             return await connection.fetchrow(sql, *args, timeout=timeout)
 
-    async def _one_by_one(self, batch: _Batch, asks: list[_Ask], connection: Any) -> None:
-        """Ask each wait's query alone (a lone wait, a shape that cannot batch, a failed batch)."""
-        for ask in asks:
+    async def _one_by_one(
+        self, batch: _Batch, asks: list[_Ask], connection: Any, *, after_timeout: bool = False
+    ) -> None:
+        """Ask each wait's query alone (a lone wait, a shape that cannot batch, a failed batch).
+
+        ``after_timeout``: the batch ran past its budget. A wait that times out alone here is
+        remembered as too slow to batch; :data:`SYSTEMIC_TIMEOUTS` timeouts in a row mean the
+        server is slow for all of them, and the waits not asked yet share the timeout.
+        """
+        in_a_row: list[_Ask] = []
+        for number, ask in enumerate(asks):
             if not ask.pending():
                 continue
             if is_lost(connection):  # an earlier ask's query lost it: this one was never sent
                 _settle(ask, error=connection_lost())
                 continue
+            if after_timeout and len(in_a_row) >= SYSTEMIC_TIMEOUTS:
+                for slow in in_a_row:  # not these waits' own slowness: they may batch again
+                    self._alone_asks.pop((batch.sql, batch.timeout, ask_key(slow.args)), None)
+                error = self._shared_failure(batch, asyncio.TimeoutError())
+                for rest in asks[number:]:
+                    _settle(rest, error=error)
+                return
             try:
                 _count()
                 row = await connection.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
@@ -519,10 +678,23 @@ class PostgresBatches:
                 raise
             except asyncio.TimeoutError:
                 _settle(ask, error=query_timed_out(batch.timeout))
+                if after_timeout:
+                    in_a_row.append(ask)
+                    self._ask_alone(batch, ask)
             except Exception as exc:
+                in_a_row.clear()
                 _settle(ask, error=exc)
             else:
+                in_a_row.clear()
                 _settle(ask, row)
+
+    def _ask_alone(self, batch: _Batch, ask: _Ask) -> None:
+        """Remember ``ask``'s values as too slow to batch: they are asked alone from now on."""
+        slow = (batch.sql, batch.timeout, ask_key(ask.args))
+        self._alone_asks[slow] = None
+        self._alone_asks.move_to_end(slow)
+        while len(self._alone_asks) > MAX_ALONE:
+            self._alone_asks.popitem(last=False)
 
     async def close(self) -> None:
         """Stop every batch (nobody waits for one any more) and give back the pool."""
@@ -533,6 +705,8 @@ class PostgresBatches:
             lane.cancel()
         self._gathering.clear()
         self._due.clear()
+        self._outages.clear()
+        self._alone_asks.clear()
         for task in self._shapes.values():
             task.cancel()
         self._shapes.clear()
@@ -553,6 +727,18 @@ def _is_transient(exc: Exception) -> bool:
     if isinstance(exc, (OSError, asyncio.TimeoutError)):
         return True
     return isinstance(classify_postgres_error(exc), TransientError)
+
+
+def _transient(exc: BaseException, timeout: float) -> TransientError:
+    """``exc`` (transient by :func:`_is_transient`) as the package's transient error."""
+    if isinstance(exc, TransientError):
+        return exc
+    if isinstance(exc, asyncio.TimeoutError):
+        return query_timed_out(timeout)
+    classified = classify_postgres_error(exc)
+    if isinstance(classified, TransientError):
+        return classified
+    return TransientError(f"{type(exc).__name__}: {exc}", error_type=ErrorType.NETWORK)
 
 
 def _settle(ask: _Ask, row: Any = None, *, error: BaseException | None = None) -> None:

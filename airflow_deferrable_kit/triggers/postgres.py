@@ -400,7 +400,14 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
             types = await batches.parameter_types(self._sql, timeout)
             self._bound = coerce_arguments(self._args, types, self._labels)
         window = reuse_window(float(self.poll_interval))
-        row = await batches.fetch_row(self._sql, self._bound, timeout=timeout, window=window)
+        row = await batches.fetch_row(
+            self._sql,
+            self._bound,
+            timeout=timeout,
+            window=window,
+            backoff_base=float(self.poll_interval),
+            backoff_cap=float(self.max_backoff),
+        )
         if row is not None:
             # The waits of a batch are answered in the same instant: those with a row to judge
             # and a payload to build take turns, so 10,000 markers appearing together do not

@@ -13,6 +13,13 @@ order. The watermark in the asset state store is the cursor: the order (and key)
 last row judged. Watchers of one query share it, whatever their conditions: the query starts at
 the lowest cursor among them, and each skips the rows it has judged already.
 
+A watcher never holds the others back, nor is it skipped ahead: it judges a shared page only
+when the page starts at or below its own cursor, and otherwise reads its own rows from its
+cursor (a watcher that was behind catches up on its own). A watcher that cannot judge a row (its
+predicate raises) stays on that row, un-lost, and *leaves* the shared cursor: the shared query
+starts at the lowest cursor of the watchers that can move, while the stuck one re-reads its own
+rows at each look until the row can be judged, catches up on its own, and joins again.
+
 The order column must grow as rows become visible: an identity or serial id written by one
 transaction at a time, or a timestamp set when the row is written, with ``key_column`` (a unique
 column) to order rows with equal timestamps. A row that becomes visible *below* the cursor (a
@@ -53,6 +60,8 @@ ORDERABLE_TYPES: Final = frozenset(
 )
 #: What a poll says when nobody asked where the rows end now.
 _NOT_ASKED: Final = object()
+#: Pages a watcher reading on its own reads at most per look (the rest at the next look).
+OWN_PAGES_PER_LOOK: Final = 10
 
 
 class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
@@ -105,6 +114,9 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
         self._notified: asyncio.Event | None = None
         self._cursor_types: list[Any] | None = None
         self._base_types: list[Any] | None = None
+        self._board: Board | None = None
+        #: Stuck on a row it cannot judge: off the shared cursor, reading its own rows.
+        self._reading_alone = False
 
     def _compile(self, columns: list[str]) -> None:
         """The three queries: rows after a cursor, rows from the start, and where the rows end."""
@@ -156,6 +168,7 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
         pool = await self._pool()
         timeout = float(self.statement_timeout)
         end: Any = _NOT_ASKED
+        start: Any = _NOT_ASKED  # where the page starts: a cursor (native), None (the first row)
         rows: list[tuple[tuple[Any, ...], list[Any], dict[str, Any]]] = []
         records: list[Any] = []
         async with pooled(pool, timeout) as connection:
@@ -165,15 +178,19 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
                 end = None if record is None else self._cursor_of(record)[1]
             cursors = board.cursors()
             if cursors:
-                lowest = self._lowest(cursors)
-                if lowest is None:
-                    records = await connection.fetch(self._rows_all, *base, timeout=timeout)
-                else:
-                    records = await connection.fetch(self._rows_after, *base, *lowest, timeout=timeout)
+                start = self._lowest(cursors)
+                records = await self._page(connection, base, start, timeout)
         for record in records:
             native, portable = self._cursor_of(record)
             rows.append((native, portable, row_document(record)))
-        return {"rows": rows, "end": end, "full": len(records) >= int(self.batch_size), "native": self._native}
+        full = len(records) >= int(self.batch_size)
+        return {"rows": rows, "end": end, "full": full, "native": self._native, "start": start}
+
+    async def _page(self, connection: Any, base: list[Any], after: tuple[Any, ...] | None, timeout: float) -> Any:
+        """Up to ``batch_size`` rows after the cursor ``after`` (``None``: from the first row)."""
+        if after is None:
+            return await connection.fetch(self._rows_all, *base, timeout=timeout)
+        return await connection.fetch(self._rows_after, *base, *after, timeout=timeout)
 
     async def _prepare(self, connection: asyncpg.Connection, timeout: float) -> list[Any]:
         """The wait's own bound values, and the cursor columns' types (read once, checked once)."""
@@ -227,10 +244,13 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
 
     # -------------------------------------------------------------------- this watcher's view
     def follow(self, board: Board, state: Any) -> None:
+        self._board = board
         awaiting = state is None and not self.backfill
         if awaiting != self._awaiting_baseline:
             board.want_baseline(awaiting)
             self._awaiting_baseline = awaiting
+        if self._reading_alone:
+            return  # stuck: its cursor must not hold the shared query back
         if state is not None:
             board.set_cursor(self, state["cursor"])
         elif self.backfill:
@@ -241,33 +261,96 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
             board.want_baseline(False)
             self._awaiting_baseline = False
         board.drop(self)
+        self._board = None
 
     async def derive(self, data: Any, state: Any) -> tuple[list[dict[str, Any]], Any]:
+        baseline = False
         if state is None:
             if self.backfill:
                 state = {"cursor": None}
             elif data["end"] is _NOT_ASKED:
                 return [], None  # waiting for the producer to say where the rows end now
             else:
-                state = {"cursor": data["end"]}  # the starting point (None: no row yet)
+                state, baseline = {"cursor": data["end"]}, True  # the starting point (None: no row yet)
         own = state["cursor"]
+        if not baseline and (self._reading_alone or not self._covers(data, own)):
+            return await self._derive_alone(own)
         after = data["native"](own) if own is not None else None
-        cursor, payloads = own, []
-        for native, portable, row in data["rows"]:
+        payloads, cursor, stuck = await self._judge(data["rows"], after, own)
+        if stuck:
+            self._leave_shared_cursor()
+        return payloads, {"cursor": cursor}
+
+    def _covers(self, data: Any, own: Any) -> bool:
+        """Whether the shared page starts at or below this watcher's cursor (then it misses no row)."""
+        start = data.get("start", _NOT_ASKED)
+        if start is _NOT_ASKED:
+            return False  # nobody's rows were read (no cursor on the board when it polled)
+        if start is None:
+            return True  # from the first row
+        return own is not None and bool(start <= data["native"](own))
+
+    async def _judge(
+        self, rows: list[tuple[tuple[Any, ...], list[Any], dict[str, Any]]], after: Any, own: Any
+    ) -> tuple[list[dict[str, Any]], Any, bool]:
+        """Judge the rows past ``after``: the events, the new cursor, and whether a row stopped it."""
+        cursor, payloads = own, list[dict[str, Any]]()
+        for native, portable, row in rows:
             if after is not None and native <= after:
                 continue  # judged already (the shared query starts at the lowest watcher)
             try:
                 verdict = await self.judge_row(row)
             except WaitError as error:
                 self.log.error(
-                    "%s: cannot judge the row at %s (%s); it and the rows after it wait until it can be judged",
+                    "%s: cannot judge the row at %s (%s); it and the rows after it wait until it can be judged "
+                    "(the other watchers of the query go on)",
                     self.describe(), json.dumps(portable), redact(error.message),
                 )  # fmt: skip
-                break
+                return payloads, cursor, True
             if verdict.state in ("success", DEFAULT):
                 payloads.append(self._event(row, verdict, portable))
             cursor = portable
+        return payloads, cursor, False
+
+    async def _derive_alone(self, own: Any) -> tuple[list[dict[str, Any]], Any]:
+        """Read and judge this watcher's own rows from its cursor (stuck, or behind the shared page).
+
+        Once a page comes back short with every row judged, the watcher is at the end of the
+        rows and, if it had left the shared cursor, takes its place on it again.
+        """
+        pool = await self._pool()
+        timeout = float(self.statement_timeout)
+        cursor, payloads = own, list[dict[str, Any]]()
+        for _ in range(OWN_PAGES_PER_LOOK):
+            async with pooled(pool, timeout) as connection:
+                base = await self._prepare(connection, timeout)
+                after = self._native(cursor) if cursor is not None else None
+                records = await self._page(connection, base, after, timeout)
+            rows = []
+            for record in records:
+                native, portable = self._cursor_of(record)
+                rows.append((native, portable, row_document(record)))
+            events, cursor, stuck = await self._judge(rows, after, cursor)
+            payloads += events
+            if stuck:
+                self._leave_shared_cursor()
+                break
+            if len(records) < int(self.batch_size):  # caught up
+                self._join_shared_cursor(cursor)
+                break
         return payloads, {"cursor": cursor}
+
+    def _leave_shared_cursor(self) -> None:
+        if not self._reading_alone:
+            self._reading_alone = True
+            if self._board is not None:
+                self._board.drop(self)
+
+    def _join_shared_cursor(self, cursor: Any) -> None:
+        if self._reading_alone:
+            self._reading_alone = False
+            if self._board is not None:
+                self._board.set_cursor(self, cursor)
 
     def _event(self, row: dict[str, Any], verdict: Any, cursor: list[Any]) -> dict[str, Any]:
         data = {**self.row_data(row, verdict), "cursor": cursor}

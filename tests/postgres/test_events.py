@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
@@ -22,6 +22,7 @@ from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import WatcherHarness
 from airflow_deferrable_kit.triggers.postgres_events import PostgresRowEventTrigger
 
+from . import predicates
 from .helpers import backends, unique, until
 
 FAST = 0.1
@@ -261,3 +262,42 @@ async def scans(admin: asyncpg.Connection, table: str) -> int:
         "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = $1", table
     )
     return int(value or 0)
+
+
+@pytest.fixture
+def broken_predicate() -> Iterator[dict[str, bool]]:
+    predicates.BROKEN["on"] = True
+    try:
+        yield predicates.BROKEN
+    finally:
+        predicates.BROKEN["on"] = True
+
+
+async def test_a_watcher_stuck_on_a_row_never_holds_back_another_watcher_of_the_query(
+    conn_id: str, admin: asyncpg.Connection, loads: str, broken_predicate: dict[str, bool]
+) -> None:
+    """Two watchers of one query share its stream; one cannot judge row 5 until its predicate is
+    fixed. The other fires all 30 rows, past that page of 7; the stuck one, once fixed, fires from
+    row 5 on, nothing lost and nothing twice."""
+    healthy = watcher(conn_id, loads, batch_size=7)
+    stuck = watcher(conn_id, loads, batch_size=7, predicate="tests.postgres.predicates:broken_from_five")
+    assert healthy.shared_stream_key() == stuck.shared_stream_key()
+    async with WatcherHarness() as triggerer:
+        watches = [await triggerer.start(w, assets=(name,)) for w, name in ((healthy, "a"), (stuck, "b"))]
+        await until(lambda: all(w.trigger._board is not None for w in watches))  # type: ignore[attr-defined]
+        await quiet()
+        await insert(admin, loads, *(f"d{i}" for i in range(1, 31)))
+        await watches[0].wait_for_events(30)
+        await watches[1].wait_for_events(4)
+        await quiet()
+        assert ids(watches[0].payloads) == list(range(1, 31))
+        assert ids(watches[1].payloads) == [1, 2, 3, 4]  # stuck on row 5: it and the rows after it wait
+        broken_predicate["on"] = False  # the fix is deployed
+        await watches[1].wait_for_events(30)
+        await insert(admin, loads, "d31")
+        await watches[0].wait_for_events(31)
+        await watches[1].wait_for_events(31)
+        await quiet()
+    assert ids(watches[0].payloads) == list(range(1, 32))
+    assert ids(watches[1].payloads) == list(range(1, 32))
+    assert held_keys() == {} and live_boards() == {}
