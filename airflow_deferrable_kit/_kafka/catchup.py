@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from airflow_deferrable_kit._kafka import settings
 from airflow_deferrable_kit._kafka.client import (
+    blames_connection,
     classify_kafka_error,
     import_aiokafka,
     known_position,
@@ -215,7 +216,7 @@ class CatchUps:
             if run is not None:  # a batch that cannot be decoded, a topic we may not read: that topic alone
                 run.reader.fail(error)
                 return
-            if failures > settings.FETCH_RESTARTS:
+            if failures > settings.FETCH_RESTARTS or blames_connection(error):
                 raise error from exc
             await self._stop_consumer()  # no topic to blame: a fresh consumer after the backoff
         delay = self.connection.retry_delay(failures)

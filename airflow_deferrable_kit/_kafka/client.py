@@ -55,6 +55,26 @@ _ACCESS_ERRORS: Final = (
 CODEC_FIX: Final = 'pip install "airflow-deferrable-kit[kafka]"'
 
 
+#: Fatal errors that are the connection's whatever topic was asked about (credentials, TLS, the
+#: connection itself, a cluster or group we may not use): every wait on it ends with them at once.
+CONNECTION_WIDE: Final = frozenset(
+    member.value
+    for member in (
+        ErrorType.AUTHENTICATION,
+        ErrorType.AUTHORIZATION,
+        ErrorType.TLS,
+        ErrorType.BAD_CONNECTION,
+        ErrorType.CONNECTION_NOT_FOUND,
+    )
+)
+
+
+def blames_connection(error: WaitError) -> bool:
+    """Whether a fatal ``error`` naming no topic is the connection's (end every wait with it)
+    rather than an accident of one read (restart the read)."""
+    return error.error_type in CONNECTION_WIDE and "topic" not in error.details
+
+
 def classify_kafka_error(exc: BaseException) -> WaitError | None:
     """Transient or fatal for aiokafka's exceptions; ``None`` if it is not one of them.
 
@@ -653,8 +673,10 @@ def fetched_partition(exc: BaseException) -> TopicPartition | None:
 
 __all__ = [
     "CODEC_FIX",
+    "CONNECTION_WIDE",
     "BootstrapFailed",
     "TopicsAnswer",
+    "blames_connection",
     "bootstrap_error",
     "classify_kafka_error",
     "describe_topics",

@@ -29,6 +29,7 @@ from airflow_deferrable_kit._kafka import settings
 from airflow_deferrable_kit._kafka.catchup import CatchUps
 from airflow_deferrable_kit._kafka.client import (
     TopicsAnswer,
+    blames_connection,
     classify_kafka_error,
     describe_topics,
     import_aiokafka,
@@ -249,7 +250,7 @@ class ConnectionReader:
                     continue
                 named = self.topics.get(error.details.get("topic", ""))
                 broken = 0 if named is not None else broken + 1
-                if named is None and broken <= settings.FETCH_RESTARTS:
+                if named is None and broken <= settings.FETCH_RESTARTS and not blames_connection(error):
                     # Nothing says which topic it is about: ask again after a backoff.
                     await self._pause(error, broken, "looking up topics" if admitting else "refreshing topics")
                     continue
@@ -359,7 +360,8 @@ class ConnectionReader:
         not read) ends that topic's waits only. Any other fatal error restarts the fetch on a
         fresh consumer after a backoff, at the hand-out's positions; only when that keeps
         failing ``settings.FETCH_RESTARTS`` times in a row is it the connection's error, and
-        every wait on it ends with it. The loop itself never ends but by :meth:`close`.
+        every wait on it ends with it (at once for credentials, TLS and access errors, which are
+        the connection's by nature). The loop itself never ends but by :meth:`close`.
         """
         quiet_aiokafka()
         await import_aiokafka()
@@ -421,11 +423,9 @@ class ConnectionReader:
 
         Returns the failures in a row to count from (0 once they ended every wait).
         """
-        await self._drop_fetch()
-        self.fetch_restarts += 1
-        if broken > settings.FETCH_RESTARTS:
+        if broken > settings.FETCH_RESTARTS or blames_connection(error):
             log.error(
-                "Kafka reader for %s: fetching failed %d times in a row (%s); ending the %d topic(s) waited on",
+                "Kafka reader for %s: fetching failed %d time(s) in a row (%s); ending the %d topic(s) waited on",
                 self.conn_id,
                 broken,
                 redact(error.message),
@@ -434,6 +434,8 @@ class ConnectionReader:
             for reader in list(self.topics.values()):
                 self._fail_topic(reader, error)
             return 0
+        await self._drop_fetch()
+        self.fetch_restarts += 1
         delay = full_jitter(broken, base=0.5, cap=self.gates.cap)
         log.error(
             "Kafka reader for %s: fetching failed (%s); restarting it on a fresh consumer in %.2fs",

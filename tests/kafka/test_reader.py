@@ -283,17 +283,30 @@ async def test_an_error_naming_no_topic_that_keeps_coming_back_ends_every_wait(
     connection.gates.hold_cap(0.05)  # a wait that asked for a short backoff
     reader = await joined(connection, "t")
 
-    async def refused(self: FakeConsumer, **kwargs: Any) -> Any:
+    async def broken(self: FakeConsumer, **kwargs: Any) -> Any:
         await asyncio.sleep(0)
-        raise TopicAuthorizationFailedError()  # names no topic: every consumer, fresh or not
+        raise RuntimeError("broken")  # names no topic: every consumer, fresh or not
 
-    monkeypatch.setattr(FakeConsumer, "getmany", refused)
+    monkeypatch.setattr(FakeConsumer, "getmany", broken)
     waiter = collector({0: 0, 1: 0}, reader)
     join(waiter, reader)
     await eventually(lambda: reader.fatal is not None)
-    assert reader.fatal is not None and reader.fatal.error_type == "authorization"
+    assert reader.fatal is not None and reader.fatal.error_type == "internal"
     assert waiter.wake.is_set()
-    assert connection.fetch_restarts == 3 and connection.loop_restarts == 0
+    assert connection.fetch_restarts == 2 and connection.loop_restarts == 0
+
+
+async def test_an_access_error_naming_no_topic_is_the_connections_and_ends_every_wait_at_once(
+    log: FakeLog, connection: ConnectionReader
+) -> None:
+    reader = await joined(connection, "t")
+    waiter = collector({0: 0, 1: 0}, reader)
+    join(waiter, reader)
+    assert connection.fetch is not None
+    connection.fetch.fail_with = TopicAuthorizationFailedError()
+    await eventually(lambda: reader.fatal is not None)
+    assert reader.fatal is not None and reader.fatal.error_type == "authorization"
+    assert waiter.wake.is_set() and connection.fetch_restarts == 0
 
 
 async def test_a_fetch_poisoned_once_is_restarted_and_twenty_waits_on_five_topics_miss_nothing(
