@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from airflow_deferrable_kit._kafka import settings
 from airflow_deferrable_kit._kafka.client import (
+    blames_connection,
     classify_kafka_error,
-    failed_topic,
     import_aiokafka,
     known_position,
     quiet_aiokafka,
@@ -192,9 +192,10 @@ class CatchUps:
             run.sync_positions(self.consumer)
 
     async def _recover(self, exc: Exception, failures: int) -> None:
-        """After a failed read: move reads that fell outside the log, fail a topic we may not
-        read, back off after a transient error; raise a fatal one."""
-        from aiokafka.errors import OffsetOutOfRangeError, TopicAuthorizationFailedError
+        """After a failed read: move reads that fell outside the log, fail the topic a fatal
+        error names (and only it), back off after a transient error or a fatal one that names no
+        topic (on a fresh consumer); raise that one when it keeps coming back."""
+        from aiokafka.errors import OffsetOutOfRangeError
 
         if isinstance(exc, OffsetOutOfRangeError):
             for tp, target in (await clamp_to_log(self.connection.lookups, exc)).items():
@@ -207,15 +208,20 @@ class CatchUps:
         error = classify_kafka_error(exc) or FatalError(
             f"unexpected {describe_exception(exc)}", error_type=ErrorType.INTERNAL
         )
-        topic = failed_topic(exc) if isinstance(exc, TopicAuthorizationFailedError) else None
-        if topic is not None and topic in self.passes:
-            self.passes[topic].reader.fail(error)
-            return
         if not isinstance(error, TransientError):
-            raise error from exc
+            # aiokafka drops what it drained for other partitions in the call that raised: the
+            # next read seeks every pass to its position again.
+            self._assigned = set()
+            run = self.passes.get(error.details.get("topic", ""))
+            if run is not None:  # a batch that cannot be decoded, a topic we may not read: that topic alone
+                run.reader.fail(error)
+                return
+            if failures > settings.FETCH_RESTARTS or blames_connection(error):
+                raise error from exc
+            await self._stop_consumer()  # no topic to blame: a fresh consumer after the backoff
         delay = self.connection.retry_delay(failures)
         log.log(
-            logging.DEBUG if self.connection.gates.down else logging.WARNING,
+            logging.DEBUG if self.connection.gates.down and isinstance(error, TransientError) else logging.WARNING,
             "Kafka catch-up on %s: %s; retrying in %.2fs",
             self.connection.conn_id,
             redact(error.message),

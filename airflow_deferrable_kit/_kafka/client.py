@@ -51,19 +51,55 @@ _ACCESS_ERRORS: Final = (
 )
 
 
+#: What to install when aiokafka cannot decompress a batch (its codec extras bring cramjam).
+CODEC_FIX: Final = 'pip install "airflow-deferrable-kit[kafka]"'
+
+
+#: Fatal errors that are the connection's whatever topic was asked about (credentials, TLS, the
+#: connection itself, a cluster or group we may not use): every wait on it ends with them at once.
+CONNECTION_WIDE: Final = frozenset(
+    member.value
+    for member in (
+        ErrorType.AUTHENTICATION,
+        ErrorType.AUTHORIZATION,
+        ErrorType.TLS,
+        ErrorType.BAD_CONNECTION,
+        ErrorType.CONNECTION_NOT_FOUND,
+    )
+)
+
+
+def blames_connection(error: WaitError) -> bool:
+    """Whether a fatal ``error`` naming no topic is the connection's (end every wait with it)
+    rather than an accident of one read (restart the read)."""
+    return error.error_type in CONNECTION_WIDE and "topic" not in error.details
+
+
 def classify_kafka_error(exc: BaseException) -> WaitError | None:
-    """Transient or fatal for aiokafka's exceptions; ``None`` if it is not one of them."""
+    """Transient or fatal for aiokafka's exceptions; ``None`` if it is not one of them.
+
+    A fatal error that concerns one topic (a record batch that cannot be decoded, a topic this
+    client may not read, a record too large to fetch) names it in ``details["topic"]`` (and
+    ``details["partition"]`` when known): the shared reader ends the waits of that topic only.
+    """
     if isinstance(exc, WaitError):
         return exc
     from aiokafka import errors
 
     name = type(exc).__name__
+    if isinstance(exc, (errors.UnsupportedCodecError, errors.CorruptRecordException)):
+        return _undecodable(exc)
     if name in _AUTH_ERRORS:
         return FatalError(f"authentication failed: {name}: {exc}", error_type=ErrorType.AUTHENTICATION)
     if name in _ACCESS_ERRORS:
-        return FatalError(f"not authorized: {name}: {exc}", error_type=ErrorType.AUTHORIZATION)
+        topic = failed_topic(exc) if name == "TopicAuthorizationFailedError" else None
+        return FatalError(
+            f"not authorized: {name}: {exc}",
+            error_type=ErrorType.AUTHORIZATION,
+            details={"topic": topic} if topic is not None else None,
+        )
     if isinstance(exc, errors.RecordTooLargeError):
-        return FatalError(f"{name}: {exc}", error_type=ErrorType.BAD_REQUEST)
+        return FatalError(f"{name}: {exc}", error_type=ErrorType.BAD_REQUEST, details=_where(fetched_partition(exc)))
     if isinstance(exc, ssl.SSLError):
         return FatalError(f"TLS failed: {exc}", error_type=ErrorType.TLS)
     if isinstance(exc, errors.KafkaError):
@@ -73,6 +109,30 @@ def classify_kafka_error(exc: BaseException) -> WaitError | None:
             return TransientError(f"{name}: {exc}", error_type=ErrorType.UNAVAILABLE)
         return FatalError(f"{name}: {exc}", error_type=ErrorType.BAD_REQUEST)
     return None
+
+
+def _where(tp: TopicPartition | None) -> dict[str, Any] | None:
+    return None if tp is None else {"topic": tp.topic, "partition": tp.partition}
+
+
+def _undecodable(exc: Exception) -> FatalError:
+    """A record batch aiokafka cannot decode: a codec it lacks (the fix is an install) or a corrupt batch."""
+    from aiokafka import errors
+
+    tp = fetched_partition(exc)
+    where = f" of {tp.topic}[{tp.partition}]" if tp is not None else ""
+    if isinstance(exc, errors.UnsupportedCodecError):
+        return FatalError(
+            f"cannot decode a record batch{where}: {exc} (snappy, lz4 and zstd need cramjam): {CODEC_FIX} "
+            "on the triggerer and the workers",
+            error_type=ErrorType.BAD_CONFIGURATION,
+            details=_where(tp),
+        )
+    return FatalError(
+        f"a corrupt record batch{where} cannot be read past ({type(exc).__name__}: {exc})",
+        error_type=ErrorType.PROTOCOL,
+        details=_where(tp),
+    )
 
 
 def _uses_sasl(options: Mapping[str, Any]) -> bool:
@@ -278,7 +338,8 @@ async def start_admin(
 # Everything below reaches into aiokafka beyond its documented API. Checked against aiokafka
 # 0.14.0 (the extra allows >=0.11); look here first when upgrading it. The real-broker tests
 # exercise all of it but ``out_of_range_offsets`` and ``failed_topic``, which the engine tests
-# cover with aiokafka's own exceptions, raised the way its fetcher raises them.
+# cover with aiokafka's own exceptions, raised the way its fetcher raises them
+# (``fetched_partition`` is exercised by a real lz4 batch that aiokafka is kept from decoding).
 
 #: Set in the kit's own tasks (and inherited by the tasks its clients start): aiokafka's
 #: warnings and errors logged there go out at debug.
@@ -571,21 +632,56 @@ def out_of_range_offsets(exc: Exception) -> dict[TopicPartition, int]:
     return exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
 
 
-def failed_topic(exc: Exception) -> str | None:
+def failed_topic(exc: BaseException) -> str | None:
     """The topic a fetch's ``TopicAuthorizationFailedError`` is about, if it says.
 
-    Undocumented: aiokafka's fetcher raises it with the topic name as its only argument.
+    Undocumented: aiokafka's fetcher raises it with the topic name as its only argument (its
+    offset lookups with the ``TopicPartition``).
     """
+    from aiokafka import TopicPartition
+
+    if exc.args and isinstance(exc.args[0], TopicPartition):
+        return exc.args[0].topic
     return exc.args[0] if exc.args and isinstance(exc.args[0], str) else None
 
 
+def fetched_partition(exc: BaseException) -> TopicPartition | None:
+    """The partition whose fetched records raised ``exc`` in aiokafka, if it can be told.
+
+    aiokafka raises a batch's decoding errors (``UnsupportedCodecError``,
+    ``CorruptRecordException``) and per-partition fetch errors without naming the partition.
+    Private: the innermost frame of aiokafka's own code in the traceback holding the partition,
+    ``PartitionRecords._tp`` (records being unpacked) or a local ``tp`` (``Fetcher.fetched_records``,
+    ``FetchResult.getall``), as in aiokafka 0.14.0; ``None`` when no frame says.
+    """
+    from aiokafka import TopicPartition
+
+    found: TopicPartition | None = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if str(frame.f_globals.get("__name__", "")).startswith("aiokafka."):
+            owner = frame.f_locals.get("self")
+            candidate = getattr(owner, "_tp", None) if owner is not None else None
+            if not isinstance(candidate, TopicPartition):
+                candidate = frame.f_locals.get("tp")
+            if isinstance(candidate, TopicPartition):
+                found = candidate
+        tb = tb.tb_next
+    return found
+
+
 __all__ = [
+    "CODEC_FIX",
+    "CONNECTION_WIDE",
     "BootstrapFailed",
     "TopicsAnswer",
+    "blames_connection",
     "bootstrap_error",
     "classify_kafka_error",
     "describe_topics",
     "failed_topic",
+    "fetched_partition",
     "import_aiokafka",
     "known_position",
     "out_of_range_offsets",

@@ -10,13 +10,20 @@ formula), whatever the number of waits, topics or consumers behind it. Refused a
 no network and log nothing; each failed attempt logs one warning with the next delay, and the
 first success after an outage one line saying so. Recovery is within one backoff step: the
 first attempt after the broker is back succeeds and opens the gate for everyone.
+
+The backoff is capped by the smallest ``max_backoff`` among the waits using the connection
+(:meth:`ConnectGates.hold_cap`), or ``settings.CONNECT_BACKOFF_CAP`` when none asked for less: the
+gate is shared, so a wait that asked to be retried at least every 5 s is never held to 30 s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._kafka import settings
@@ -40,6 +47,8 @@ class ConnectGate:
     attempts: int = 0
     #: What the last failed attempt said (filled in by the attempt, or by aiokafka's log line).
     last_error: str | None = None
+    #: The cap of the backoff, asked each time (its connection's :attr:`ConnectGates.cap`).
+    cap: Callable[[], float] = field(default=lambda: float(settings.CONNECT_BACKOFF_CAP), repr=False)
 
     @property
     def down(self) -> bool:
@@ -78,7 +87,7 @@ class ConnectGate:
         if self.failures and asyncio.get_running_loop().time() < self.not_before:
             return self.seconds_to_wait()
         self.failures += 1
-        delay = full_jitter(self.failures, base=settings.CONNECT_BACKOFF_BASE, cap=settings.CONNECT_BACKOFF_CAP)
+        delay = full_jitter(self.failures, base=settings.CONNECT_BACKOFF_BASE, cap=self.cap())
         self.not_before = asyncio.get_running_loop().time() + delay
         reason = error or self.last_error or "connection failed"
         log.warning(
@@ -105,13 +114,44 @@ class ConnectGates:
     def __init__(self, conn_id: str) -> None:
         self.conn_id = conn_id
         self.gates: dict[str, ConnectGate] = {}
+        #: The ``max_backoff`` of every wait using the connection (a count per value).
+        self._caps: collections.Counter[float] = collections.Counter()
 
     def for_address(self, host: str, port: int) -> ConnectGate:
         address = f"{host}:{port}"
         gate = self.gates.get(address)
         if gate is None:
-            gate = self.gates[address] = ConnectGate(self.conn_id, address)
+            gate = self.gates[address] = ConnectGate(self.conn_id, address, cap=lambda: self.cap)
         return gate
+
+    # ------------------------------------------------------------------ the cap
+    @property
+    def cap(self) -> float:
+        """The backoff cap: the smallest ``max_backoff`` of the waits holding one, at most
+        ``settings.CONNECT_BACKOFF_CAP``."""
+        return min(float(settings.CONNECT_BACKOFF_CAP), min(self._caps, default=math.inf))
+
+    def hold_cap(self, seconds: float) -> None:
+        """A wait using the connection asks to be retried at least every ``seconds``.
+
+        A gate already waiting longer than the new cap is brought forward to it, so the wait
+        is not held to a delay drawn before it came.
+        """
+        self._caps[float(seconds)] += 1
+        cap = self.cap
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:  # no loop: no gate can be waiting
+            return
+        for gate in self.gates.values():
+            gate.not_before = min(gate.not_before, now + cap)
+
+    def drop_cap(self, seconds: float) -> None:
+        """The wait that held ``seconds`` (:meth:`hold_cap`) no longer uses the connection."""
+        seconds = float(seconds)
+        self._caps[seconds] -= 1
+        if self._caps[seconds] <= 0:
+            del self._caps[seconds]
 
     @property
     def down(self) -> bool:

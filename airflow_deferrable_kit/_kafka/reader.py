@@ -10,7 +10,9 @@ consumer of its own. So the sockets, the memory and the metadata follow the brok
 topics waited on, not the number of waits or topics; every client asks the broker about the
 topics waited on only (see :func:`~airflow_deferrable_kit._kafka.client.scope_client`).
 Broker outages are absorbed by the consumers, which reconnect through the connection's gate;
-fatal errors reach the waiters of the topics they concern.
+fatal errors reach the waiters of the topics they concern, and no other: a batch that cannot be
+decoded or a topic we may not read ends the waits of that topic, and a loop that fails for any
+other reason is restarted on a fresh consumer (see :meth:`ConnectionReader._fetch_loop`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
@@ -27,9 +29,9 @@ from airflow_deferrable_kit._kafka import settings
 from airflow_deferrable_kit._kafka.catchup import CatchUps
 from airflow_deferrable_kit._kafka.client import (
     TopicsAnswer,
+    blames_connection,
     classify_kafka_error,
     describe_topics,
-    failed_topic,
     import_aiokafka,
     out_of_range_offsets,
     quiet_aiokafka,
@@ -77,6 +79,11 @@ class ConnectionReader:
         self._pending: dict[str, TopicReader] = {}
         self._assigned: set[TopicPartition] = set()
         self._reassign = False
+        #: Seek every assigned partition to the hand-out's position at the next assignment.
+        self._reseek = False
+        #: Fetch consumers replaced, and loops restarted, after errors no topic could be blamed for.
+        self.fetch_restarts = 0
+        self.loop_restarts = 0
         self._fetch_wake: asyncio.Future[None] | None = None
         self._metadata_wake = asyncio.Event()
         self._lookup_lock = asyncio.Lock()
@@ -112,9 +119,37 @@ class ConnectionReader:
         if not self._tasks and not self._closed:
             loop = asyncio.get_running_loop()
             self._tasks = [
-                loop.create_task(self._metadata_loop(), name=f"kafka-metadata:{self.conn_id}"),
-                loop.create_task(self._fetch_loop(), name=f"kafka-fetch:{self.conn_id}"),
+                loop.create_task(self._keep_running(self._metadata_loop), name=f"kafka-metadata:{self.conn_id}"),
+                loop.create_task(self._keep_running(self._fetch_loop), name=f"kafka-fetch:{self.conn_id}"),
             ]
+
+    async def _keep_running(self, run: Callable[[], Awaitable[None]]) -> None:
+        """Run one of the reader's loops for the reader's life: if it ever ends (an error that
+        escaped it, a bug), it is started again after a backoff, on a fresh fetch consumer, and
+        every wait goes on from the hand-out's positions. Never left dead while waits use it."""
+        restarts = 0
+        while not self._closed:
+            fetches = self.fetches
+            try:
+                await run()
+                what = "ended"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                what = f"failed ({redact(describe_exception(exc))})"
+            restarts = 1 if self.fetches > fetches else restarts + 1  # progress made: start the backoff over
+            self.loop_restarts += 1
+            if run == self._fetch_loop:
+                await self._drop_fetch()
+            delay = full_jitter(restarts, base=0.5, cap=self.gates.cap)
+            log.error(
+                "Kafka reader for %s: its %s loop %s; restarting it in %.2fs",
+                self.conn_id,
+                run.__name__.strip("_"),
+                what,
+                delay,
+            )
+            await asyncio.sleep(delay)
 
     # -------------------------------------------------------------------- topics
     def join(self, topic: str) -> TopicReader:
@@ -153,7 +188,7 @@ class ConnectionReader:
         if self.gates.down:
             waits = [gate.seconds_to_wait() for gate in self.gates.gates.values() if gate.down]
             return max(min(waits, default=0.0), MIN_RETRY_DELAY)
-        return full_jitter(failures, base=0.5, cap=30.0)
+        return full_jitter(failures, base=0.5, cap=self.gates.cap)
 
     async def _lookup_consumer(self) -> AIOKafkaConsumer:
         """The consumer answering metadata and offset lookups, started on first use.
@@ -185,6 +220,7 @@ class ConnectionReader:
         quiet_aiokafka()
         await import_aiokafka()
         failures = 0
+        broken = 0
         next_refresh = time.monotonic() + settings.PARTITION_REFRESH_SECONDS
         while True:
             self._metadata_wake.clear()
@@ -199,26 +235,36 @@ class ConnectionReader:
                 else:
                     next_refresh = time.monotonic() + settings.PARTITION_REFRESH_SECONDS
                     await self._refresh()
-                if failures:
-                    log.info("Kafka reader for %s recovered after %d error(s)", self.conn_id, failures)
-                failures = 0
+                if failures or broken:
+                    log.info("Kafka reader for %s recovered after %d error(s)", self.conn_id, failures + broken)
+                failures = broken = 0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 error = classify_kafka_error(exc) or FatalError(
                     f"unexpected {describe_exception(exc)}", error_type=ErrorType.INTERNAL
                 )
-                if not isinstance(error, TransientError):
-                    failed = list(self._pending.values()) if admitting else list(self.topics.values())
-                    log.error(
-                        "Kafka reader for %s: %d topic(s) failed: %s", self.conn_id, len(failed), redact(error.message)
-                    )
-                    for reader in failed:
-                        reader.fail(error)
-                        self._pending.pop(reader.topic, None)
+                if isinstance(error, TransientError):
+                    failures += 1
+                    await self._pause(error, failures, "looking up topics" if admitting else "refreshing topics")
                     continue
-                failures += 1
-                await self._pause(error, failures, "looking up topics" if admitting else "refreshing topics")
+                named = self.topics.get(error.details.get("topic", ""))
+                broken = 0 if named is not None else broken + 1
+                if named is None and broken <= settings.FETCH_RESTARTS and not blames_connection(error):
+                    # Nothing says which topic it is about: ask again after a backoff.
+                    await self._pause(error, broken, "looking up topics" if admitting else "refreshing topics")
+                    continue
+                broken = 0
+                if named is not None:
+                    failed = [named]
+                else:
+                    failed = list(self._pending.values()) if admitting else list(self.topics.values())
+                log.error(
+                    "Kafka reader for %s: %d topic(s) failed: %s", self.conn_id, len(failed), redact(error.message)
+                )
+                for reader in failed:
+                    self._pending.pop(reader.topic, None)
+                    self._fail_topic(reader, error)
 
     async def _pause(self, error: WaitError, failures: int, what: str) -> None:
         delay = self.retry_delay(failures)
@@ -308,11 +354,21 @@ class ConnectionReader:
             self._fetch_wake.set_result(None)
 
     async def _fetch_loop(self) -> None:
+        """Fetch for every topic waited on and hand the records out, for the reader's life.
+
+        A fatal error that concerns one topic (a batch that cannot be decoded, a topic we may
+        not read) ends that topic's waits only. Any other fatal error restarts the fetch on a
+        fresh consumer after a backoff, at the hand-out's positions; only when that keeps
+        failing ``settings.FETCH_RESTARTS`` times in a row is it the connection's error, and
+        every wait on it ends with it (at once for credentials, TLS and access errors, which are
+        the connection's by nature). The loop itself never ends but by :meth:`close`.
+        """
         quiet_aiokafka()
         await import_aiokafka()
-        from aiokafka.errors import OffsetOutOfRangeError, TopicAuthorizationFailedError
+        from aiokafka.errors import OffsetOutOfRangeError
 
         failures = 0
+        broken = 0
         last_sync = time.monotonic()
         while True:
             try:
@@ -331,32 +387,73 @@ class ConnectionReader:
                     last_sync = time.monotonic()
                 else:
                     self._sync_positions({tp.topic for tp in batch})
-                if failures:
-                    log.info("Kafka reader for %s recovered after %d error(s)", self.conn_id, failures)
-                failures = 0
+                if failures or broken:
+                    log.info("Kafka reader for %s recovered after %d error(s)", self.conn_id, failures + broken)
+                failures = broken = 0
             except asyncio.CancelledError:
                 raise
             except OffsetOutOfRangeError as exc:
                 await self._out_of_range(exc)
-            except TopicAuthorizationFailedError as exc:
-                error = classify_kafka_error(exc)
-                assert error is not None
-                topic = failed_topic(exc)
-                for reader in [self.topics[topic]] if topic in self.topics else list(self.topics.values()):
-                    reader.fail(error)
-                    reader.positions.clear()
-                self._reassign = True
             except Exception as exc:
                 error = classify_kafka_error(exc) or FatalError(
                     f"unexpected {describe_exception(exc)}", error_type=ErrorType.INTERNAL
                 )
-                if not isinstance(error, TransientError):
-                    log.error("Kafka reader for %s failed: %s", self.conn_id, redact(error.message))
-                    for reader in list(self.topics.values()):
-                        reader.fail(error)
-                    return
-                failures += 1
-                await self._pause(error, failures, "fetching")
+                if isinstance(error, TransientError):
+                    failures += 1
+                    await self._pause(error, failures, "fetching")
+                    continue
+                # aiokafka drops what it drained for other partitions in the call that raised:
+                # read every partition again from the hand-out's positions.
+                self._reseek = self._reassign = True
+                reader = self.topics.get(error.details.get("topic", ""))
+                if reader is not None:
+                    log.error("Kafka reader for %s: %s failed: %s", self.conn_id, reader.topic, redact(error.message))
+                    self._fail_topic(reader, error)
+                    continue
+                broken = await self._restart_fetch(error, broken + 1)
+
+    def _fail_topic(self, reader: TopicReader, error: WaitError) -> None:
+        """End the waits of one topic; the fetch goes on for every other one."""
+        reader.fail(error)
+        reader.positions.clear()
+        self._reassign = True
+
+    async def _restart_fetch(self, error: WaitError, broken: int) -> int:
+        """A fetch failed with an error no topic can be blamed for: a fresh consumer after a backoff.
+
+        Returns the failures in a row to count from (0 once they ended every wait).
+        """
+        if broken > settings.FETCH_RESTARTS or blames_connection(error):
+            log.error(
+                "Kafka reader for %s: fetching failed %d time(s) in a row (%s); ending the %d topic(s) waited on",
+                self.conn_id,
+                broken,
+                redact(error.message),
+                len(self.topics),
+            )
+            for reader in list(self.topics.values()):
+                self._fail_topic(reader, error)
+            return 0
+        await self._drop_fetch()
+        self.fetch_restarts += 1
+        delay = full_jitter(broken, base=0.5, cap=self.gates.cap)
+        log.error(
+            "Kafka reader for %s: fetching failed (%s); restarting it on a fresh consumer in %.2fs",
+            self.conn_id,
+            redact(error.message),
+            delay,
+        )
+        await asyncio.sleep(delay)
+        return broken
+
+    async def _drop_fetch(self) -> None:
+        """Stop the fetch consumer; the next turn starts a new one at the hand-out's positions."""
+        fetch, self.fetch = self.fetch, None
+        self._assigned = set()
+        self._reassign = True
+        if fetch is not None:
+            with contextlib.suppress(Exception):
+                await fetch.stop()
 
     async def _apply_assignment(self) -> None:
         """Assign the fetch consumer the partitions of every topic waited on, at our positions."""
@@ -375,10 +472,11 @@ class ConnectionReader:
             )
             return  # topics may have come or gone while it started: the loop looks again
         self._reassign = False
-        if set(wanted) != self._assigned:
+        if set(wanted) != self._assigned or self._reseek:
             self.fetch.assign(list(wanted))
             for tp, position in wanted.items():
                 self.fetch.seek(tp, position)
+        self._reseek = False
         self._assigned = set(wanted)
 
     async def _fetch_once(self) -> dict[TopicPartition, list[Any]]:

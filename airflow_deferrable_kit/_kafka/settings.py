@@ -147,6 +147,9 @@ MAX_RECORDS_PER_FETCH = 5000
 METADATA_MAX_AGE_MS = 300_000
 #: How often the positions of partitions that returned nothing are re-read from the consumer.
 POSITION_SYNC_SECONDS = 1.0
+#: Restarts (each after a backoff) of a fetch or lookup that fails with an error naming no topic,
+#: before it counts as the connection's error and ends the waits it concerns.
+FETCH_RESTARTS = 5
 
 # fanout
 #: A waiter's queue of messages awaiting its predicate; past either bound it leaves the reader

@@ -46,7 +46,7 @@ from airflow_deferrable_kit._kafka.client import (
     start_consumer,
 )
 from airflow_deferrable_kit._kafka.fanout import TopicReader, Waiter
-from airflow_deferrable_kit._kafka.gate import gates_for
+from airflow_deferrable_kit._kafka.gate import ConnectGates, gates_for
 from airflow_deferrable_kit._kafka.messages import (
     FAILURE,
     MATCHERS,
@@ -132,6 +132,8 @@ class KafkaMessageTrigger(PollingTrigger):
         self._scanning = False
         self._phased = False
         self._resume: dict[tuple[str, int], int] = {}
+        #: The connection's gates while this wait holds its ``max_backoff`` as their cap.
+        self._capped: ConnectGates | None = None
         #: After a bounded scan (the poke path): the next offset to look at per (topic, partition).
         self.scan_cursor: dict[tuple[str, int], int] = {}
 
@@ -315,6 +317,7 @@ class KafkaMessageTrigger(PollingTrigger):
             functools.partial(ConnectionReader.open, self.kafka_conn_id),
             ConnectionReader.close_reader,
         )
+        self._hold_cap(connection.gates)
         for topic in topics:
             if topic not in self._joined:
                 self._joined[topic] = waiter.readers[topic] = connection.join(topic)
@@ -345,6 +348,17 @@ class KafkaMessageTrigger(PollingTrigger):
                 waiter.cursor.setdefault(tp, offset)
         if not waiter.try_attach(topic):
             self.log.info("Catching up on %s from %s", topic, {tp.partition: o for tp, o in waiter.cursor.items()})
+
+    def _hold_cap(self, gates: ConnectGates) -> None:
+        """Cap the connection's reconnect backoff at this wait's ``max_backoff`` while it waits."""
+        if self._capped is None:
+            gates.hold_cap(float(self.max_backoff))
+            self._capped = gates
+
+    def _drop_cap(self) -> None:
+        gates, self._capped = self._capped, None
+        if gates is not None:
+            gates.drop_cap(float(self.max_backoff))
 
     def _unknown_topic(self, topic: str) -> FatalError:
         return FatalError(
@@ -439,7 +453,12 @@ class KafkaMessageTrigger(PollingTrigger):
 
         options = await load_options(self.kafka_conn_id)
         gates = gates_for(self.kafka_conn_id)
-        consumer = await start_consumer(options, topics=self.topics, gates=gates, metadata_max_age_ms=300_000)
+        self._hold_cap(gates)
+        try:
+            consumer = await start_consumer(options, topics=self.topics, gates=gates, metadata_max_age_ms=300_000)
+        except BaseException:
+            self._drop_cap()
+            raise
         committed = CommittedOffsets(options, gates)
         self._waiter = waiter = Waiter(self._spec, start_from=self.start_from, start_after_ms=self.start_after_ms)
         try:
@@ -479,6 +498,7 @@ class KafkaMessageTrigger(PollingTrigger):
                 self.scan_cursor.update({(tp.topic, tp.partition): waiter.cursor[tp] for tp in tps})
             return None
         finally:
+            self._drop_cap()
             await consumer.stop()
             await committed.close()
 
@@ -495,6 +515,7 @@ class KafkaMessageTrigger(PollingTrigger):
         for reader in joined.values():
             reader.connection.leave(reader)
         await self._own_pace.close_all()
+        self._drop_cap()
         await super().release()
 
 

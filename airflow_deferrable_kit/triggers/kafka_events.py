@@ -156,12 +156,14 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
                 functools.partial(ConnectionReader.open, self.kafka_conn_id),
                 ConnectionReader.close_reader,
             )
+            self._hold_cap(connection.gates)
             self._stream = TopicsStream(connection, self.topics, self.value_format)
             self._stream.join()
         return self._stream
 
     async def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
+        self._drop_cap()
         if stream is not None:
             await stream.close()
 

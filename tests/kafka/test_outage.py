@@ -20,9 +20,10 @@ import pytest
 from airflow_deferrable_kit import _backoff, clients
 from airflow_deferrable_kit._kafka import gate as _kafka_gate
 from airflow_deferrable_kit._kafka import settings as kafka_settings
-from airflow_deferrable_kit._kafka.gate import ConnectGate, gates_for
+from airflow_deferrable_kit._kafka.gate import ConnectGate, ConnectGates, gates_for
 from airflow_deferrable_kit._kafka.settings import CONNECT_BACKOFF_CAP
 from airflow_deferrable_kit.testing import run_trigger
+from scripts import services
 from tests.kafka.conftest import (
     Message,
     PrivateBroker,
@@ -63,6 +64,68 @@ async def test_the_gate_backs_off_exponentially_up_to_its_cap(monkeypatch: pytes
     assert gate.try_begin()
     gate.succeeded()
     assert not gate.down and gate.try_begin() and gate.try_begin()  # healthy: every client at once
+
+
+async def test_the_gates_cap_is_the_smallest_max_backoff_of_the_waits_using_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_backoff.random, "uniform", lambda low, high: high)  # the ceiling of each step
+    gates = ConnectGates("conn")
+    gate = gates.for_address("broker", 9092)
+
+    def delays(steps: int) -> list[float]:
+        gate.failures, found = 0, []
+        for _ in range(steps):
+            assert gate.try_begin()
+            found.append(round(gate.failed("refused"), 3))
+            gate.not_before = 0.0
+        return found
+
+    assert gates.cap == CONNECT_BACKOFF_CAP
+    for _ in range(20):
+        gates.hold_cap(300.0)  # twenty waits with the default max_backoff
+    gates.hold_cap(5.0)  # one that asked to be retried at least every 5 s
+    assert gates.cap == 5.0 and delays(6) == [1, 2, 4, 5, 5, 5]
+    gates.drop_cap(5.0)  # it ended: the others are back to the package's cap
+    assert gates.cap == CONNECT_BACKOFF_CAP and delays(7)[-2:] == [CONNECT_BACKOFF_CAP] * 2
+    # A gate already holding off for 30 s is brought forward when a wait asking for 5 s comes.
+    assert gate.try_begin()
+    assert gate.failed("refused") == CONNECT_BACKOFF_CAP and gate.seconds_to_wait() > 29
+    gates.hold_cap(5.0)
+    assert gate.seconds_to_wait() <= 5.0
+
+
+async def test_waits_that_asked_for_a_short_max_backoff_are_not_held_to_the_package_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Twenty waits with the default ``max_backoff`` and one with a short one, on a connection whose
+    broker is down: every reconnect delay the shared gate draws is within the short one."""
+    monkeypatch.setattr(_backoff.random, "uniform", lambda low, high: high)
+    monkeypatch.setattr(kafka_settings, "CONNECT_BACKOFF_BASE", 0.05)  # steps 0.1, 0.2, 0.4, 0.8, 1.6, ...
+    drawn: list[float] = []
+    failed = ConnectGate.failed
+
+    def recording(self: ConnectGate, error: str | None = None) -> float:
+        delay = failed(self, error)
+        drawn.append(round(delay, 3))
+        return delay
+
+    monkeypatch.setattr(ConnectGate, "failed", recording)
+    conn = set_connection(monkeypatch, "kafka_down", f"127.0.0.1:{services.free_port()}")  # nothing listens
+    triggers = [make(f"t{i % 5}", conn, poll_interval=1.0) for i in range(20)]
+    triggers.append(make("t0", conn, poll_interval=0.1, max_backoff=0.5))
+    tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in triggers]
+    try:
+        await eventually(lambda: len(drawn) >= 7, timeout=30)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    print(f"delays drawn: {drawn}")
+    # Without the cap the fifth step would be 1.6 s and the sixth 3.2 s.
+    assert max(drawn) == 0.5 and drawn[:4] == [0.1, 0.2, 0.4, 0.5], drawn
+    assert gates_for(conn).cap == CONNECT_BACKOFF_CAP  # every wait ended: nothing held
+    assert clients.held_keys() == {}
 
 
 async def test_attempts_during_an_outage_fall_off_and_recovery_comes_within_one_step(

@@ -274,7 +274,31 @@ async def test_a_reader_whose_position_was_deleted_resumes_at_the_oldest_retaine
     assert seen(waiter) == {0: [6, 7, 8, 9], 1: []}
 
 
-async def test_a_fatal_error_reaches_every_wait(log: FakeLog, connection: ConnectionReader) -> None:
+async def test_an_error_naming_no_topic_that_keeps_coming_back_ends_every_wait(
+    monkeypatch: pytest.MonkeyPatch, log: FakeLog, connection: ConnectionReader
+) -> None:
+    """Restarted on a fresh consumer ``FETCH_RESTARTS`` times, each after a backoff; then it is the
+    connection's error, and the loop is still there for the waits that come next."""
+    monkeypatch.setattr(kafka_settings, "FETCH_RESTARTS", 2)
+    connection.gates.hold_cap(0.05)  # a wait that asked for a short backoff
+    reader = await joined(connection, "t")
+
+    async def broken(self: FakeConsumer, **kwargs: Any) -> Any:
+        await asyncio.sleep(0)
+        raise RuntimeError("broken")  # names no topic: every consumer, fresh or not
+
+    monkeypatch.setattr(FakeConsumer, "getmany", broken)
+    waiter = collector({0: 0, 1: 0}, reader)
+    join(waiter, reader)
+    await eventually(lambda: reader.fatal is not None)
+    assert reader.fatal is not None and reader.fatal.error_type == "internal"
+    assert waiter.wake.is_set()
+    assert connection.fetch_restarts == 2 and connection.loop_restarts == 0
+
+
+async def test_an_access_error_naming_no_topic_is_the_connections_and_ends_every_wait_at_once(
+    log: FakeLog, connection: ConnectionReader
+) -> None:
     reader = await joined(connection, "t")
     waiter = collector({0: 0, 1: 0}, reader)
     join(waiter, reader)
@@ -282,26 +306,83 @@ async def test_a_fatal_error_reaches_every_wait(log: FakeLog, connection: Connec
     connection.fetch.fail_with = TopicAuthorizationFailedError()
     await eventually(lambda: reader.fatal is not None)
     assert reader.fatal is not None and reader.fatal.error_type == "authorization"
-    assert waiter.wake.is_set()
+    assert waiter.wake.is_set() and connection.fetch_restarts == 0
+
+
+async def test_a_fetch_poisoned_once_is_restarted_and_twenty_waits_on_five_topics_miss_nothing(
+    cluster: FakeCluster, connection: ConnectionReader
+) -> None:
+    logs = [cluster.add(f"t{i}", partitions=PARTITIONS) for i in range(5)]
+    readers = [await joined(connection, log.topic) for log in logs]
+    waiters = [collector({0: 0, 1: 0}, readers[i % 5], topic=f"t{i % 5}") for i in range(20)]
+    for waiter in waiters:
+        join(waiter, next(iter(waiter.readers.values())))
+    for log in logs:
+        fill(log, 4)
+    await eventually(lambda: all(len(w.queue) == 4 for w in waiters))
+    first = connection.fetch
+    assert first is not None
+    first.fail_with = RuntimeError("poisoned")  # a bug, an error nobody can be blamed for
+    for log in logs:
+        fill(log, 4)
+    await eventually(lambda: all(len(w.queue) == 8 for w in waiters))
+    assert connection.fetch is not first and first.stopped and connection.fetch_restarts == 1
+    assert all(r.fatal is None for r in readers)
+    # Every message once, none lost with the consumer that failed, none twice.
+    assert {tuple(sorted((m.partition, m.offset) for m, _, _ in w.queue)) for w in waiters} == {
+        tuple(sorted((p, o) for p in range(PARTITIONS) for o in range(4)))
+    }
+
+
+async def test_a_fetch_loop_that_dies_is_started_again_and_its_waits_get_their_messages(
+    monkeypatch: pytest.MonkeyPatch, cluster: FakeCluster, connection: ConnectionReader
+) -> None:
+    from aiokafka.errors import OffsetOutOfRangeError
+
+    logs = [cluster.add(f"t{i}", partitions=PARTITIONS) for i in range(4)]
+    readers = [await joined(connection, log.topic) for log in logs]
+    waiters = [collector({0: 0, 1: 0}, readers[i % 4], topic=f"t{i % 4}") for i in range(24)]
+    for waiter in waiters:
+        join(waiter, next(iter(waiter.readers.values())))
+    handled = connection._out_of_range
+
+    async def broken(exc: Exception) -> None:  # the handler of an error fails: the loop task ends
+        monkeypatch.setattr(connection, "_out_of_range", handled)
+        raise RuntimeError("the handler broke")
+
+    monkeypatch.setattr(connection, "_out_of_range", broken)
+    assert connection.fetch is not None
+    connection.fetch.fail_with = OffsetOutOfRangeError({})
+    await eventually(lambda: connection.loop_restarts == 1)
+    for log in logs:
+        fill(log, 6)
+    await eventually(lambda: all(len(w.queue) == 6 for w in waiters))
+    assert all(r.fatal is None for r in readers)
 
 
 async def test_a_topic_we_may_not_read_fails_only_its_own_waits(
     cluster: FakeCluster, connection: ConnectionReader
 ) -> None:
-    open_log, closed_log = cluster.add("open", partitions=1), cluster.add("closed", partitions=1)
-    allowed, refused = await joined(connection, "open"), await joined(connection, "closed")
-    waiters = [collector({0: 0}, allowed, topic="open"), collector({0: 0}, refused, topic="closed")]
-    assert waiters[0].try_attach("open") and waiters[1].try_attach("closed")
+    open_logs = [cluster.add(f"open{i}", partitions=1) for i in range(4)]
+    closed_log = cluster.add("closed", partitions=1)
+    allowed = [await joined(connection, log.topic) for log in open_logs]
+    refused = await joined(connection, "closed")
+    healthy = [collector({0: 0}, allowed[i % 4], topic=f"open{i % 4}") for i in range(20)]
+    doomed = [collector({0: 0}, refused, topic="closed") for _ in range(3)]
+    assert all(w.try_attach(next(iter(w.readers))) for w in healthy + doomed)
     fetch = connection.fetch
     assert fetch is not None
     fetch.fail_with = TopicAuthorizationFailedError("closed")  # what aiokafka's fetcher raises
     await eventually(lambda: refused.fatal is not None)
     fetch.fail_with = None
-    await eventually(lambda: fetch.assignment() == {open_log.tp(0)})
-    open_log.append(0)
+    await eventually(lambda: fetch.assignment() == {log.tp(0) for log in open_logs})
+    for log in open_logs:
+        log.append(0)
     closed_log.append(0)
-    await eventually(lambda: len(waiters[0].queue) == 1)
-    assert allowed.fatal is None and waiters[1].wake.is_set() and not waiters[1].queue
+    await eventually(lambda: all(len(w.queue) == 1 for w in healthy))
+    assert all(r.fatal is None for r in allowed) and connection.fetch_restarts == 0
+    assert all(w.wake.is_set() and not w.queue for w in doomed)
+    assert refused.fatal is not None and refused.fatal.details == {"topic": "closed"}
 
 
 # ------------------------------------------------------------------------- own pace
