@@ -79,6 +79,28 @@ async def test_a_failed_build_reaches_every_asker_and_is_retried_afresh() -> Non
     await clients.release("k4")
 
 
+
+async def test_a_client_that_cannot_be_built_or_hangs_harms_no_other_key() -> None:
+    """The poisoned member of the shared-client registry: one key whose build fails, one whose
+    build hangs, among 50 healthy keys asked at the same moment."""
+    healthy = {f"ok{i}": Recorder(delay=0.01) for i in range(50)}
+    broken, hanging = Recorder(fail=True), Recorder(delay=3600)
+    stuck = asyncio.ensure_future(clients.acquire("hangs", hanging.build, hanging.close))
+    results = await asyncio.gather(
+        clients.acquire("fails", broken.build, broken.close),
+        *(clients.acquire(key, rec.build, rec.close) for key, rec in healthy.items()),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], ConnectionRefusedError)
+    assert results[1:] == ["client1"] * 50  # every healthy key built its own client, at once
+    assert not stuck.done()
+    assert {key: clients.held_keys()[key] for key in healthy} == dict.fromkeys(healthy, 1)
+    for key in healthy:
+        await clients.release(key)
+    stuck.cancel()
+    await asyncio.gather(stuck, return_exceptions=True)
+    assert clients.held_keys() == {}
+
 def test_each_event_loop_has_its_own_clients() -> None:
     rec = Recorder()
 
