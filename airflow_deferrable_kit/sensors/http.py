@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from airflow.sdk import Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_deferrable_kit.conditions import Acceptor, ConditionSet
+from airflow_deferrable_kit.conditions import Acceptor, ConditionSet, import_predicate
 from airflow_deferrable_kit.payload import SUCCESS
 from airflow_deferrable_kit.sensors.base import (
     DeferrableSensor,
@@ -35,6 +36,7 @@ from airflow_deferrable_kit.triggers.http import (
     HttpBatchReadyTrigger,
     joined_headers,
     refine_status,
+    requests_response,
 )
 
 if TYPE_CHECKING:
@@ -69,12 +71,16 @@ class HttpBatchReadySensor(DeferrableSensor):
     :param acceptors: the same rules in canonical form
         (``{"state", "matcher", "argument", "comparator", "expected"}``), tried first.
     :param predicate: ``"pkg.module:function"`` for what data cannot express (sync or async).
-    :param response_check: the official sensor's callable, run in the worker on each response the
+    :param response_check: the official sensor's callable, given a ``requests.Response``.
+        Judged **in the triggerer**, like ``predicate`` (a "not yet" costs no worker start), when
+        the triggerer can import it: a dotted path (``"my_pkg.checks:is_ready"``), or a function
+        of an installed package taking the response alone. Otherwise (a lambda, a function defined
+        in the DAG file, one that names context keys) it runs in the worker on each response the
         conditions accept: ``response_check(response)``, plus the context keys its signature names
-        (or all of them with ``**context``), as the official sensor calls it. ``response`` is a
-        ``requests.Response``. A falsy answer waits on (after one ``poke_interval``) within the
-        same ``timeout``; a ``PokeReturnValue`` says done with ``is_done`` and its ``xcom_value``
-        becomes the XCom; an exception fails the task. Not with ``end_from_trigger=True``.
+        (or all of them with ``**context``), as the official sensor calls it; a falsy answer waits
+        on (after one ``poke_interval``) within the same ``timeout``; a ``PokeReturnValue`` says
+        done with ``is_done`` and its ``xcom_value`` becomes the XCom; an exception fails the
+        task; not with ``end_from_trigger=True``.
 
     With no success condition and no predicate, any 2xx response no condition decided is ready.
     Other parameters (``endpoint``, ``method``, ``query``, ``json_body``, ``not_yet_codes``,
@@ -127,14 +133,24 @@ class HttpBatchReadySensor(DeferrableSensor):
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         excerpt_chars: int = DEFAULT_EXCERPT_CHARS,
-        response_check: Callable[..., bool | PokeReturnValue] | None = None,
+        response_check: Callable[..., bool | PokeReturnValue] | str | None = None,
         **kwargs: Any,
     ) -> None:
-        if response_check is not None and not callable(response_check):
+        if response_check is not None and not callable(response_check) and not isinstance(response_check, str):
             raise TypeError(
-                f"response_check must be a callable taking the response (a requests.Response), got {response_check!r}"
+                "response_check must be a callable taking the response (a requests.Response) or its dotted path, "
+                f"got {response_check!r}"
             )
-        self.response_check = response_check
+        in_triggerer = triggerer_path(response_check)
+        if in_triggerer is not None:
+            if predicate is not None:
+                raise ValueError("give response_check or predicate, not both: both judge the response")
+            predicate = in_triggerer
+            kwargs["predicate_receives"] = "response"
+        #: The callable checked in the worker (``None`` when the triggerer judges it).
+        self.response_check: Callable[..., bool | PokeReturnValue] | None = (
+            None if in_triggerer is not None or isinstance(response_check, str) else response_check
+        )
         self._local_response: Any = None  # the response of a look in this worker (poke, first look)
         self._fresh_payload: dict[str, Any] | None = None  # a look again here, for a body left out
         self._check_xcom: tuple[Any] | None = None  # a PokeReturnValue's xcom_value
@@ -270,27 +286,41 @@ class HttpBatchReadySensor(DeferrableSensor):
         return super().finish(payload)
 
 
+def triggerer_path(response_check: Any) -> str | None:
+    """The dotted path the triggerer imports ``response_check`` by, or ``None`` for the worker.
+
+    A string is that path (its shape is checked, and it is imported here, so a typo fails at
+    parse). A callable qualifies only if every host surely imports it by name, the same object:
+    a module-level function of an installed package (not the DAG file, whose module the DAG
+    processor names for itself, nor a module beside the DAGs that the triggerer may lack), taking
+    the response alone (context keys exist only in the worker).
+    """
+    if response_check is None:
+        return None
+    if isinstance(response_check, str):
+        import_predicate(response_check, argument="response_check")
+        return response_check
+    module_name = getattr(response_check, "__module__", None) or ""
+    qualname = getattr(response_check, "__qualname__", "") or ""
+    module = sys.modules.get(module_name)
+    origin = str(getattr(getattr(module, "__spec__", None), "origin", "") or "")
+    if "<" in qualname or not inspect.isfunction(response_check) or module is None:
+        return None
+    if not any(part in origin for part in ("site-packages", "dist-packages")):
+        return None
+    parameters = list(inspect.signature(response_check).parameters.values())
+    if len(parameters) != 1 or parameters[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        return None
+    path = f"{module_name}:{qualname}"
+    try:
+        found = import_predicate(path, argument="response_check")
+    except ValueError:
+        return None
+    return path if found is response_check else None
+
+
 def _is_success(payload: Any) -> bool:
     return isinstance(payload, dict) and payload.get("status") == SUCCESS
-
-
-def requests_response(status: int, reason: str, url: str, headers: Mapping[str, str], body: bytes) -> requests.Response:
-    """A ``requests.Response`` as requests' own adapter builds one, for a callable written for it.
-
-    The body is set as the content already read (as the official provider's
-    ``HttpResponseSerializer`` does), and the encoding is what requests derives from the headers,
-    so ``text`` and ``json()`` answer as they would for the official sensor. No cookies, history
-    or ``elapsed``.
-    """
-    import requests
-    from requests.structures import CaseInsensitiveDict
-    from requests.utils import get_encoding_from_headers
-
-    response = requests.Response()
-    response.status_code = status
-    response.reason = reason
-    response.url = url
-    response.headers = CaseInsensitiveDict(headers)
-    response.encoding = get_encoding_from_headers(response.headers)
-    response._content = body
-    return response

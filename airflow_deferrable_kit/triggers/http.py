@@ -14,8 +14,11 @@ Neither imports ``aiohttp`` at module level, so the sensor imports without the `
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
+import importlib
+import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
@@ -57,6 +60,8 @@ from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
 MATCHERS: Final[Mapping[str, bool]] = {"status": False, "path": True}
 METHODS: Final = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 
+#: What an HTTP predicate may be given (see ``predicate_receives``).
+PREDICATE_RECEIVES: Final = ("dict", "response")
 DEFAULT_NOT_YET_CODES: Final = (404,)
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
@@ -96,6 +101,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
     :param acceptors: canonical acceptors (matchers ``status`` and ``path``), tried in order.
     :param predicate: dotted path of a sync or async callable judging 2xx responses, by the one
         rule of :mod:`airflow_deferrable_kit.conditions` (truthy means ready).
+    :param predicate_receives: what the predicate is given: ``"dict"`` (``status_code``,
+        ``headers``, ``text``, ``json``) or ``"response"``, a ``requests.Response`` as the
+        official ``HttpSensor``'s ``response_check`` gets (the sensor's importable
+        ``response_check`` is judged here with it, so a "not yet" costs no worker).
     :param not_yet_codes: statuses meaning "not yet" when no acceptor decided.
     :param select: JSON paths copied into the success payload's ``fields``.
     :param request_timeout: seconds for one request, including waiting for a pooled socket.
@@ -113,6 +122,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
     json_body: Any = None
     acceptors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     predicate: str | None = None
+    predicate_receives: str = "dict"
     not_yet_codes: list[int] = dataclasses.field(default_factory=lambda: list(DEFAULT_NOT_YET_CODES))
     select: list[str] = dataclasses.field(default_factory=list)
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
@@ -154,6 +164,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
         chars = self.excerpt_chars
         if isinstance(chars, bool) or not isinstance(chars, int) or not 0 <= chars <= MAX_EXCERPT_CHARS:
             raise ValueError(f"excerpt_chars must be an integer from 0 to {MAX_EXCERPT_CHARS}, got {chars!r}")
+        if self.predicate_receives not in PREDICATE_RECEIVES:
+            raise ValueError(
+                f"predicate_receives must be one of {', '.join(PREDICATE_RECEIVES)}, got {self.predicate_receives!r}"
+            )
         if not isinstance(self.include_response, bool):
             raise ValueError(f"include_response must be true or false, got {self.include_response!r}")
         self._unreadable_bodies = 0
@@ -249,6 +263,8 @@ class HttpBatchReadyTrigger(PollingTrigger):
             return lookup(document, acceptor.parts)
 
         conditions = self._conditions if evaluate_body else self._status_conditions
+        if self.predicate_receives == "response" and conditions.predicate is not None:
+            await _import_requests()  # the first import of requests must not happen on the loop
         try:
             verdict = await conditions.evaluate(value_of, lambda: self._predicate_subject(response, document))
         except _Unreadable:
@@ -364,8 +380,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
             details={**context, "body_excerpt": excerpt},
         )
 
-    @staticmethod
-    def _predicate_subject(response: Response, document: Any) -> dict[str, Any]:
+    def _predicate_subject(self, response: Response, document: Any) -> Any:
+        if self.predicate_receives == "response":
+            url = str(response.url.with_user(None)) if response.url is not None else ""
+            return requests_response(response.status, response.reason, url, joined_headers(response), response.body)
         return {
             "status_code": response.status,
             "headers": dict(response.headers),
@@ -384,6 +402,34 @@ class HttpBatchReadyTrigger(PollingTrigger):
         # The base names the last transient error in a timeout message; ``_last`` says what the
         # last *answer* was, so the two never repeat each other.
         return classify_aiohttp_error(exc) or super().classify_error(exc)
+
+
+def requests_response(status: int, reason: str, url: str, headers: Mapping[str, str], body: bytes) -> Any:
+    """A ``requests.Response`` as requests' own adapter builds one, for a callable written for it.
+
+    The body is set as the content already read (as the official provider's
+    ``HttpResponseSerializer`` does), and the encoding is what requests derives from the headers,
+    so ``text`` and ``json()`` answer as they would for the official sensor. No cookies, history
+    or ``elapsed``.
+    """
+    import requests
+    from requests.structures import CaseInsensitiveDict
+    from requests.utils import get_encoding_from_headers
+
+    response = requests.Response()
+    response.status_code = status
+    response.reason = reason
+    response.url = url
+    response.headers = CaseInsensitiveDict(headers)
+    response.encoding = get_encoding_from_headers(response.headers)
+    response._content = body
+    return response
+
+
+async def _import_requests() -> None:
+    """Import requests off the loop once per process (it reads files and builds tables)."""
+    if "requests" not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, "requests")
 
 
 def joined_headers(response: Response) -> dict[str, str]:

@@ -25,3 +25,13 @@ async def header_says(response: dict[str, Any]) -> str:
 
 def explodes(response: dict[str, Any]) -> bool:
     raise RuntimeError("predicate bug")
+
+
+#: Types of what ``ready_by_response`` was given, to prove it got a ``requests.Response``.
+RESPONSE_TYPES: list[str] = []
+
+
+def ready_by_response(response: Any) -> bool:
+    """An official-style ``response_check``: judges a ``requests.Response``."""
+    RESPONSE_TYPES.append(f"{type(response).__module__}.{type(response).__name__}")
+    return bool(response.json().get("state") == "ready" and response.status_code == 200)

@@ -49,7 +49,9 @@ def test_http_official_response_check_ports_unchanged_and_keeps_deferring() -> N
     with pytest.raises(ValueError, match=r"end_from_trigger=True cannot be combined with.*response_check"):
         HttpBatchReadySensor(task_id="http", endpoint="x", response_check=bool, end_from_trigger=True)
     with pytest.raises(TypeError, match="response_check must be a callable taking the response"):
-        HttpBatchReadySensor(task_id="http", endpoint="x", response_check="pkg.mod:fn")
+        HttpBatchReadySensor(task_id="http", endpoint="x", response_check=42)
+    with pytest.raises(ValueError, match=r"response_check 'pkg\.mod:fn' cannot be imported"):
+        HttpBatchReadySensor(task_id="http", endpoint="x", response_check="pkg.mod:fn")  # judged in the triggerer
 
 
 def test_sql_conn_id_is_postgres_conn_id() -> None:
