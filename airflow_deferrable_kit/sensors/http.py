@@ -35,10 +35,13 @@ from airflow_deferrable_kit.triggers.http import (
     HttpBatchReadyTrigger,
     joined_headers,
     refine_status,
+    requests_response,
 )
 
 if TYPE_CHECKING:
     import requests
+
+__all__ = ["HttpBatchReadySensor", "requests_response"]
 
 #: What the worker reads of a body it fetches again for ``response_check``: all of it, as the
 #: official sensor does (``max_body_bytes`` bounds what the triggerer reads).
@@ -272,25 +275,3 @@ class HttpBatchReadySensor(DeferrableSensor):
 
 def _is_success(payload: Any) -> bool:
     return isinstance(payload, dict) and payload.get("status") == SUCCESS
-
-
-def requests_response(status: int, reason: str, url: str, headers: Mapping[str, str], body: bytes) -> requests.Response:
-    """A ``requests.Response`` as requests' own adapter builds one, for a callable written for it.
-
-    The body is set as the content already read (as the official provider's
-    ``HttpResponseSerializer`` does), and the encoding is what requests derives from the headers,
-    so ``text`` and ``json()`` answer as they would for the official sensor. No cookies, history
-    or ``elapsed``.
-    """
-    import requests
-    from requests.structures import CaseInsensitiveDict
-    from requests.utils import get_encoding_from_headers
-
-    response = requests.Response()
-    response.status_code = status
-    response.reason = reason
-    response.url = url
-    response.headers = CaseInsensitiveDict(headers)
-    response.encoding = get_encoding_from_headers(response.headers)
-    response._content = body
-    return response

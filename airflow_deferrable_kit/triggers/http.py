@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._http.client import (
@@ -52,6 +52,9 @@ from airflow_deferrable_kit.conditions import (
 from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
 from airflow_deferrable_kit.payload import cap_value, json_size, truncate_text
 from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
+
+if TYPE_CHECKING:
+    import requests
 
 #: Matchers an HTTP acceptor may use, and whether each takes an argument.
 MATCHERS: Final[Mapping[str, bool]] = {"status": False, "path": True}
@@ -421,6 +424,28 @@ def response_for_event(response: Response, url: str) -> dict[str, Any]:
     }
 
 
+def requests_response(status: int, reason: str, url: str, headers: Mapping[str, str], body: bytes) -> requests.Response:
+    """A ``requests.Response`` as requests' own adapter builds one, for a callable written for it.
+
+    The body is set as the content already read (as the official provider's
+    ``HttpResponseSerializer`` does), and the encoding is what requests derives from the headers,
+    so ``text`` and ``json()`` answer as they would for the official sensor. No cookies, history
+    or ``elapsed``.
+    """
+    import requests
+    from requests.structures import CaseInsensitiveDict
+    from requests.utils import get_encoding_from_headers
+
+    response = requests.Response()
+    response.status_code = status
+    response.reason = reason
+    response.url = url
+    response.headers = CaseInsensitiveDict(headers)
+    response.encoding = get_encoding_from_headers(response.headers)
+    response._content = body
+    return response
+
+
 def status_error_type(status: int) -> ErrorType:
     """The vocabulary's name for an error status (the status itself is in the payload)."""
     if status == 401 or status == 407:
@@ -476,5 +501,6 @@ __all__ = [
     "joined_headers",
     "parse_retry_after",
     "refine_status",
+    "requests_response",
     "response_for_event",
 ]

@@ -24,6 +24,7 @@ import hashlib
 import json
 from typing import Any, ClassVar, Final
 
+from airflow_deferrable_kit._arguments import take_official_name
 from airflow_deferrable_kit._http.client import NOT_JSON, TOO_LARGE, Response, is_transient_status
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import MISSING, ConditionSet, lookup, parse_path
@@ -31,7 +32,15 @@ from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError
 from airflow_deferrable_kit.payload import Found, cap_value
 from airflow_deferrable_kit.triggers.base import register_event_form
 from airflow_deferrable_kit.triggers.events import EdgeEventTrigger, event_payload, utc_now
-from airflow_deferrable_kit.triggers.http import MATCHERS, MAX_VALUE_CHARS, HttpBatchReadyTrigger, refine_status
+from airflow_deferrable_kit.triggers.http import (
+    DEFAULT_NOT_YET_CODES,
+    MATCHERS,
+    MAX_VALUE_CHARS,
+    HttpBatchReadyTrigger,
+    joined_headers,
+    refine_status,
+    requests_response,
+)
 
 #: What the shared request depends on; the rest (conditions, excerpts) each watcher judges with.
 REQUEST_PARAMETERS: Final = (
@@ -49,7 +58,12 @@ REQUEST_PARAMETERS: Final = (
 MAX_FINGERPRINT_CHARS: Final = 200
 #: Parameters added after watchers were deployed: left out of the kwargs at their default, so a
 #: watcher deployed before keeps its hash (Airflow's identity of it) and its watermark key.
-OMITTED_AT_DEFAULT: Final = ("fire_on_change",)
+OMITTED_AT_DEFAULT: Final = ("fire_on_change", "predicate_receives")
+#: What a predicate may receive: the kit's dict, or the ``requests.Response`` of the official
+#: ``HttpEventTrigger``'s ``response_check_path`` callables.
+PREDICATE_RECEIVES: Final = ("dict", "response")
+#: The official ``HttpSensor``'s names the sensor takes too -> the kit's: never in the kwargs.
+OFFICIAL_NAMES: Final = {"request_params": "query", "response_error_codes_allowlist": "not_yet_codes"}
 
 
 class HttpBatchReadyEventTrigger(EdgeEventTrigger, HttpBatchReadyTrigger):
@@ -70,6 +84,14 @@ class HttpBatchReadyEventTrigger(EdgeEventTrigger, HttpBatchReadyTrigger):
     ``fields``, ``body_excerpt``) plus ``became_ready_at`` and ``event_id``; with
     ``fire_on_change``, ``changed`` (the path and its new value) and ``changed_at`` instead of
     ``became_ready_at``.
+
+    The official names the sensor takes are taken too: ``request_params`` for ``query``,
+    ``response_error_codes_allowlist`` for ``not_yet_codes``; they are stored under the kit's.
+
+    :param predicate_receives: ``"dict"`` (the default: ``{"status_code", "headers", "text",
+        "json"}``) or ``"response"``: a ``requests.Response`` (``status_code``, ``headers``,
+        ``text``, ``json()``, ...), what the official ``HttpEventTrigger``'s ``response_check_path``
+        callable receives, so such a callable runs unchanged.
     """
 
     poll_interval: float = 60.0
@@ -77,11 +99,28 @@ class HttpBatchReadyEventTrigger(EdgeEventTrigger, HttpBatchReadyTrigger):
     failure: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     retry: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     fire_on_change: str | None = None
+    request_params: dict[str, Any] | None = None
+    response_error_codes_allowlist: list[int | str] | None = None
+    predicate_receives: str | None = None
 
     tuning_parameters: ClassVar[tuple[str, ...]] = ("request_timeout", "max_body_bytes", "excerpt_chars")
 
+    @classmethod
+    def parameter_names(cls) -> tuple[str, ...]:
+        return tuple(name for name in super().parameter_names() if name not in OFFICIAL_NAMES)
+
     def validate(self) -> None:
+        take_official_name(self, "request_params", "query", default=None)
+        take_official_name(self, "response_error_codes_allowlist", "not_yet_codes", default=list(DEFAULT_NOT_YET_CODES))
         super().validate()
+        if self.predicate_receives == "dict":
+            self.predicate_receives = None  # the default, kept out of the kwargs
+        if self.predicate_receives is not None and self.predicate_receives not in PREDICATE_RECEIVES:
+            raise ValueError(
+                f"predicate_receives must be one of {', '.join(PREDICATE_RECEIVES)}, got {self.predicate_receives!r}"
+            )
+        if self.predicate_receives is not None and self.predicate is None:
+            raise ValueError("predicate_receives says what the predicate receives: give predicate too")
         self._change_path = None
         if self.fire_on_change is not None:
             self._change_path = parse_path(self.fire_on_change, argument="fire_on_change")
@@ -103,6 +142,12 @@ class HttpBatchReadyEventTrigger(EdgeEventTrigger, HttpBatchReadyTrigger):
             retry=self.retry,
             refine=refine_status,
         )
+
+    def _predicate_subject(self, response: Response, document: Any) -> Any:  # type: ignore[override]
+        if self.predicate_receives == "response":
+            url = str(response.url.with_user(None)) if response.url is not None else ""
+            return requests_response(response.status, response.reason, url, joined_headers(response), response.body)
+        return super()._predicate_subject(response, document)
 
     def stream_identity(self) -> Any:
         return {name: getattr(self, name) for name in REQUEST_PARAMETERS}
