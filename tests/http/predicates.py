@@ -25,3 +25,8 @@ async def header_says(response: dict[str, Any]) -> str:
 
 def explodes(response: dict[str, Any]) -> bool:
     raise RuntimeError("predicate bug")
+
+
+async def official_release_check(response: Any) -> bool:
+    """An official ``HttpEventTrigger`` ``response_check_path`` callable: async, given a ``requests.Response``."""
+    return response.status_code == 200 and response.json().get("state") == "published"
