@@ -52,4 +52,21 @@ def require_seconds(value: Any, *, argument: str, allow_zero: bool = False, allo
     return float(number)
 
 
-__all__ = ["MAX_SECONDS", "require_conn_id", "require_seconds"]
+def take_official_name(target: Any, official: str, own: str, *, default: Any) -> None:
+    """Move the official provider's name for a parameter onto this kit's own name, on ``target``.
+
+    Ported DAGs keep the official spelling (``kafka_config_id=``); the kit's triggers carry only
+    their own names in their kwargs, so the value moves over and the official field is cleared
+    (``None``), and a trigger rebuilt from its kwargs is equal to the one built with the official
+    name. Both names given at once is refused naming both, as the sensors do.
+    """
+    value = getattr(target, official)
+    if value is None:
+        return
+    if getattr(target, own) != default:
+        raise ValueError(f"{own}= and its official name {official}= are the same parameter; give one")
+    setattr(target, own, value)
+    setattr(target, official, None)
+
+
+__all__ = ["MAX_SECONDS", "require_conn_id", "require_seconds", "take_official_name"]

@@ -42,6 +42,8 @@ from airflow_deferrable_kit.triggers.http import (
 if TYPE_CHECKING:
     import requests
 
+__all__ = ["HttpBatchReadySensor", "requests_response"]
+
 #: What the worker reads of a body it fetches again for ``response_check``: all of it, as the
 #: official sensor does (``max_body_bytes`` bounds what the triggerer reads).
 WHOLE_BODY: Final = sys.maxsize - 1

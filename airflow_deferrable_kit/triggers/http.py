@@ -20,7 +20,7 @@ import dataclasses
 import importlib
 import sys
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._http.client import (
@@ -55,6 +55,9 @@ from airflow_deferrable_kit.conditions import (
 from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
 from airflow_deferrable_kit.payload import cap_value, json_size, truncate_text
 from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
+
+if TYPE_CHECKING:
+    import requests
 
 #: Matchers an HTTP acceptor may use, and whether each takes an argument.
 MATCHERS: Final[Mapping[str, bool]] = {"status": False, "path": True}
@@ -122,7 +125,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
     json_body: Any = None
     acceptors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     predicate: str | None = None
-    predicate_receives: str = "dict"
+    predicate_receives: str | None = "dict"
     not_yet_codes: list[int] = dataclasses.field(default_factory=lambda: list(DEFAULT_NOT_YET_CODES))
     select: list[str] = dataclasses.field(default_factory=list)
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
@@ -164,7 +167,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         chars = self.excerpt_chars
         if isinstance(chars, bool) or not isinstance(chars, int) or not 0 <= chars <= MAX_EXCERPT_CHARS:
             raise ValueError(f"excerpt_chars must be an integer from 0 to {MAX_EXCERPT_CHARS}, got {chars!r}")
-        if self.predicate_receives not in PREDICATE_RECEIVES:
+        if self.predicate_receives is not None and self.predicate_receives not in PREDICATE_RECEIVES:
             raise ValueError(
                 f"predicate_receives must be one of {', '.join(PREDICATE_RECEIVES)}, got {self.predicate_receives!r}"
             )
@@ -404,7 +407,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         return classify_aiohttp_error(exc) or super().classify_error(exc)
 
 
-def requests_response(status: int, reason: str, url: str, headers: Mapping[str, str], body: bytes) -> Any:
+def requests_response(status: int, reason: str, url: str, headers: Mapping[str, str], body: bytes) -> requests.Response:
     """A ``requests.Response`` as requests' own adapter builds one, for a callable written for it.
 
     The body is set as the content already read (as the official provider's
@@ -522,5 +525,6 @@ __all__ = [
     "joined_headers",
     "parse_retry_after",
     "refine_status",
+    "requests_response",
     "response_for_event",
 ]

@@ -34,6 +34,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
+from airflow_deferrable_kit._arguments import take_official_name
 from airflow_deferrable_kit._event_streams import Board
 from airflow_deferrable_kit._kafka.client import quiet_aiokafka
 from airflow_deferrable_kit._kafka.messages import KafkaMessage
@@ -52,6 +53,9 @@ from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 
 #: Parameters of the wait that say where *one* wait starts; a watcher starts from its watermark.
 START_PARAMETERS: Final = ("start_from", "start_offsets", "start_after_ms", "group_id")
+#: The official provider's names (``AwaitMessageTrigger``, ``KafkaMessageQueueTrigger``), as the
+#: sensor takes them: moved onto the kit's own names when built, never in the kwargs.
+OFFICIAL_NAMES: Final = ("kafka_config_id", "apply_function", "apply_function_args", "apply_function_kwargs")
 
 #: How long a watcher whose messages fire nothing keeps its newer position in memory only: its
 #: watermark is saved with every batch that fired, and otherwise at most this often, so a busy
@@ -76,6 +80,12 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
     :param poll_interval: the longest one look waits for a message before it reports none
         (messages are handed over as they arrive, not once per interval).
 
+    The official names are taken as the sensor takes them: ``kafka_config_id`` for
+    ``kafka_conn_id``; ``apply_function`` (a dotted path) for ``predicate``, called with the
+    message as confluent-kafka's ``Message`` shows it, so an official function runs unchanged;
+    ``apply_function_args`` / ``apply_function_kwargs`` for ``predicate_args`` /
+    ``predicate_kwargs``. They are stored under the kit's names.
+
     With no condition every message fires. A failure condition, or a predicate answering
     "failure" or "retry", means "not an event". A message the predicate cannot judge (it
     raises) is logged with its coordinates and does not fire. Tombstones, and values that are
@@ -88,14 +98,40 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
     """
 
     poll_interval: float = 5.0
+    kafka_config_id: str | None = None
+    apply_function: str | None = None
+    apply_function_args: list[Any] | None = None
+    apply_function_kwargs: dict[str, Any] | None = None
 
     tuning_parameters: ClassVar[tuple[str, ...]] = ("wait_for_topic",)
 
     @classmethod
     def parameter_names(cls) -> tuple[str, ...]:
-        return tuple(name for name in super().parameter_names() if name not in START_PARAMETERS)
+        skip = (*START_PARAMETERS, *OFFICIAL_NAMES)
+        return tuple(name for name in super().parameter_names() if name not in skip)
+
+    def _take_official_names(self) -> None:
+        """``kafka_config_id`` and ``apply_function*`` onto the kit's names, as the sensor maps them."""
+        take_official_name(self, "kafka_config_id", "kafka_conn_id", default="kafka_default")
+        if self.apply_function is not None:
+            if not isinstance(self.apply_function, str):
+                raise ValueError(
+                    "apply_function must be a dotted path string ('my_dags.checks.is_match'), as the official "
+                    f"trigger takes it: a {type(self.apply_function).__name__} cannot be stored for the triggerer"
+                )
+            if self.predicate is not None:
+                raise ValueError(
+                    "give predicate= (it receives a dict) or the official apply_function= (it receives a "
+                    "confluent-style Message), not both"
+                )
+            self.predicate, self.predicate_receives, self.apply_function = self.apply_function, "message", None
+        if isinstance(self.apply_function_args, tuple):
+            self.apply_function_args = list(self.apply_function_args)
+        take_official_name(self, "apply_function_args", "predicate_args", default=[])
+        take_official_name(self, "apply_function_kwargs", "predicate_kwargs", default={})
 
     def validate(self) -> None:
+        self._take_official_names()
         for name in START_PARAMETERS:
             default = next(f.default for f in self.__dataclass_fields__.values() if f.name == name)
             if getattr(self, name) != default:

@@ -79,7 +79,6 @@ async def test_a_failed_build_reaches_every_asker_and_is_retried_afresh() -> Non
     await clients.release("k4")
 
 
-
 async def test_a_client_that_cannot_be_built_or_hangs_harms_no_other_key() -> None:
     """The poisoned member of the shared-client registry: one key whose build fails, one whose
     build hangs, among 50 healthy keys asked at the same moment."""
@@ -100,6 +99,7 @@ async def test_a_client_that_cannot_be_built_or_hangs_harms_no_other_key() -> No
     stuck.cancel()
     await asyncio.gather(stuck, return_exceptions=True)
     assert clients.held_keys() == {}
+
 
 def test_each_event_loop_has_its_own_clients() -> None:
     rec = Recorder()

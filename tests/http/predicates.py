@@ -35,3 +35,8 @@ def ready_by_response(response: Any) -> bool:
     """An official-style ``response_check``: judges a ``requests.Response``."""
     RESPONSE_TYPES.append(f"{type(response).__module__}.{type(response).__name__}")
     return bool(response.json().get("state") == "ready" and response.status_code == 200)
+
+
+async def official_release_check(response: Any) -> bool:
+    """An official ``HttpEventTrigger`` ``response_check_path`` callable: async, given a ``requests.Response``."""
+    return response.status_code == 200 and response.json().get("state") == "published"

@@ -1,0 +1,39 @@
+"""The ported official Kafka event-trigger calls against the real broker: the example DAG's
+apply_function runs unchanged on each message, and the shared-stream form fires every message."""
+
+from __future__ import annotations
+
+from airflow_deferrable_kit.testing_events import WatcherHarness
+from airflow_deferrable_kit.triggers.official_events import KafkaMessageQueueTrigger, KafkaSharedStreamTrigger
+
+from .conftest import Message, eventually, produce
+
+
+async def test_the_example_apply_function_fires_once_per_message(bootstrap: str, kafka_conn: str, topic: str) -> None:
+    # example_dag_kafka_message_queue_trigger.py's call, its function importable from the fixtures
+    trigger = KafkaMessageQueueTrigger(
+        topics=[topic],
+        apply_function="tests.fixtures.official_examples.event_triggers.apply_function",
+        kafka_config_id=kafka_conn,
+        apply_function_args=None,
+        apply_function_kwargs=None,
+        poll_timeout=1,
+        poll_interval=0.2,
+    )
+    async with WatcherHarness() as triggerer:
+        watch = await triggerer.start(trigger)
+        await eventually(lambda: watch.stores["asset"].writes >= 1, timeout=20)
+        made = await produce(bootstrap, topic, *(Message({"n": i}, partition=i % 3) for i in range(4)))
+        await watch.wait_for_events(4)
+    assert sorted((p["partition"], p["offset"]) for p in watch.payloads) == sorted(made)
+    assert all(p["matched"]["state"] == "success" for p in watch.payloads)
+
+
+async def test_the_shared_stream_form_fires_every_message_as_text(bootstrap: str, kafka_conn: str, topic: str) -> None:
+    trigger = KafkaSharedStreamTrigger(topics=[topic], kafka_config_id=kafka_conn)
+    async with WatcherHarness() as triggerer:
+        watch = await triggerer.start(trigger)
+        await eventually(lambda: watch.stores["asset"].writes >= 1, timeout=20)
+        await produce(bootstrap, topic, Message(b"plain text", raw=True, partition=0), Message({"n": 1}, partition=0))
+        events = await watch.wait_for_events(2)
+    assert [e["value"] for e in events] == ["plain text", '{"n": 1}']
