@@ -233,6 +233,8 @@ class S3KeysUnchangedSensor(DeferrableSensor):
         finally:
             self._for_poke = False
         assert isinstance(trigger, S3KeysUnchangedTrigger)
+        if getattr(self, "_last_look", None) is not None:
+            trigger.continue_watch()  # the previous poke of this task: no hand-over between processes
         payload = asyncio.run(trigger.poll_once())
         look = trigger.look()
         if look is not None:

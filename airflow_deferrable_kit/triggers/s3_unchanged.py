@@ -155,6 +155,14 @@ class S3KeysUnchangedTrigger(PollingTrigger):
         )
 
     # ---------------------------------------------------------------------------- state
+    def continue_watch(self) -> None:
+        """Keep :attr:`last_look`'s clock however old it is: the look was this process's own.
+
+        For the sensor's poke path, whose pokes follow one another in one running task as a
+        trigger's polls do (a slow poke is a long gap between polls, not a restart).
+        """
+        self._handed_over = False
+
     def seen_keys(self) -> list[str] | None:
         """The keys of the last listing (or of ``previous_objects`` before one); ``None`` if only
         their fingerprint is known."""
