@@ -91,7 +91,7 @@ class SharedAnswers:
         """
         loop = asyncio.get_running_loop()
         entry = self._shared.get(what)
-        if entry is None or loop.time() - entry.started > max_age or entry.failed() or entry.answered(seen):
+        if entry is None or not self.reusable(what, max_age=max_age, seen=seen):
             entry = _Shared(started=loop.time(), task=loop.create_task(fetch()))
             self._shared[what] = entry
             entry.task.add_done_callback(functools.partial(self._settled, what, entry, keep))
@@ -102,6 +102,16 @@ class SharedAnswers:
             entry.waiters -= 1
             if not entry.waiters and not entry.task.done():
                 entry.task.cancel()  # every caller that wanted it was cancelled
+
+    def reusable(self, what: Hashable, *, max_age: float, seen: int | None = None) -> bool:
+        """Whether :meth:`share` of ``what`` would use the answer it holds (no new request) now."""
+        entry = self._shared.get(what)
+        return not (
+            entry is None
+            or asyncio.get_running_loop().time() - entry.started > max_age
+            or entry.failed()
+            or entry.answered(seen)
+        )
 
     def in_flight(self, what: Hashable) -> tuple[float, asyncio.Task[Any]] | None:
         """When the request held for ``what`` started (loop time) and its task, if one is held."""

@@ -28,9 +28,10 @@ _WAITS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 # The base trigger and sensor are for writing your own waits; they get an integration of their own.
 _OWN_WAITS = ("Deferrable Kit: your own waits", "writing-your-own-wait.md", ("apache",))
-# Event triggers (for AssetWatcher) of a wait, listed with it: module under triggers/ -> theirs.
-_EVENT_MODULES: dict[str, tuple[str, ...]] = {
-    "s3": ("s3_events",),
+# More trigger modules of an integration, listed with its wait: module under triggers/ -> theirs.
+# Its other waits (S3: the inactivity wait) and its event triggers (for AssetWatcher).
+_MORE_TRIGGER_MODULES: dict[str, tuple[str, ...]] = {
+    "s3": ("s3_unchanged", "s3_events"),
     "postgres": ("postgres_events",),
     "http": ("http_events",),
     "kafka": ("kafka_events",),
@@ -39,8 +40,8 @@ _EVENT_MODULES: dict[str, tuple[str, ...]] = {
 
 
 def _trigger_modules(module: str) -> list[str]:
-    """The wait's trigger module and its event triggers' modules."""
-    return [f"airflow_deferrable_kit.triggers.{name}" for name in (module, *_EVENT_MODULES.get(module, ()))]
+    """The wait's trigger module and the other trigger modules of its integration."""
+    return [f"airflow_deferrable_kit.triggers.{name}" for name in (module, *_MORE_TRIGGER_MODULES.get(module, ()))]
 
 
 def _doc_url(page: str) -> str:

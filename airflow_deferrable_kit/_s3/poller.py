@@ -192,16 +192,35 @@ class S3Poller:
         )
 
     # ------------------------------------------------------------------------- listings
-    async def list_prefix(self, bucket: str, prefix: str, *, max_age: float) -> Listing:
+    async def list_prefix(
+        self, bucket: str, prefix: str, *, max_age: float, max_pages: int | None = None, seen: int | None = None
+    ) -> Listing:
         """Every object under ``prefix``, from a listing that started at most ``max_age`` s ago.
 
         A listing of the same ``(bucket, prefix)`` that is in flight or finished, and started
         within ``max_age`` seconds, is shared instead of sending another: N waits on one prefix
         cost about one listing per window, not N. A failed listing is never reused: the waits
         that shared it all get its error, and the next poll lists again.
+
+        With ``max_pages`` the listing stops after that many pages (it is then not ``complete``),
+        so a wait that must hold a whole prefix in memory never reads an unbounded one. Such a
+        wait still shares an unbounded listing of the prefix another wait started within the
+        window (it holds every page; the caller compares ``pages`` with its bound), and bounded
+        listings with the same bound are shared among themselves. ``seen`` is the ``id()`` of the
+        listing this caller judged last, which it is not given again (a poll sooner than the
+        window, e.g. under a test's fake clock, lists anew rather than re-reading it).
         """
-        listing: Listing = await self._share(
-            ("list", bucket, prefix), max_age, LISTING_REUSE_MAX, lambda: self._list(bucket, prefix)
+        what: tuple[str, ...] = ("list", bucket, prefix)
+        if max_pages is not None and not self._answers.reusable(what, max_age=max_age, seen=seen):
+            what = ("list", bucket, prefix, str(max_pages))
+        else:
+            max_pages = None
+        listing: Listing = await self._answers.share(
+            what,
+            lambda: self._list(bucket, prefix, max_pages=max_pages),
+            max_age=max_age,
+            keep=LISTING_REUSE_MAX,
+            seen=seen,
         )
         return listing
 

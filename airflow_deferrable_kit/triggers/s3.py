@@ -174,6 +174,25 @@ def keys_payload(objects: Iterable[dict[str, Any]], total: int) -> dict[str, Any
     return {"keys": listed, "keys_not_listed": total - len(listed)}
 
 
+async def s3_request(what: str, where: str, request: Awaitable[Any]) -> Any:
+    """Await one S3 request, turning a ``ClientError`` into a transient or fatal error.
+
+    A "missing" answer (404, ``NoSuchKey``) is raised as it is: only the caller knows whether
+    it means "not yet" or a missing bucket.
+    """
+    from botocore.exceptions import ClientError
+
+    try:
+        return await request
+    except ClientError as exc:
+        if missing_code(exc) is not None:
+            raise
+        error = classify_s3_error(exc, what=what, where=where)
+        if error is None:  # not reached: every ClientError is classified
+            raise
+        raise error from exc
+
+
 class S3KeyTrigger(PollingTrigger):
     """Fire when every key (or wildcard pattern) in ``bucket_key`` exists in S3.
 
@@ -245,17 +264,7 @@ class S3KeyTrigger(PollingTrigger):
 
     async def _call(self, what: str, request: Awaitable[Any]) -> Any:
         """Await one S3 request, turning a ``ClientError`` into a transient or fatal error."""
-        from botocore.exceptions import ClientError
-
-        try:
-            return await request
-        except ClientError as exc:
-            if missing_code(exc) is not None:
-                raise
-            error = classify_s3_error(exc, what=what, where=self._where())
-            if error is None:  # not reached: every ClientError is classified
-                raise
-            raise error from exc
+        return await s3_request(what, self._where(), request)
 
     async def _check_keys(self, client: S3Poller) -> Found | None:
         # Start from the key that was missing last time: it is the one most likely still missing,
@@ -344,4 +353,4 @@ class S3KeyTrigger(PollingTrigger):
         return self._settings.describe() if self._settings is not None else f"aws_conn_id={self.aws_conn_id!r}"
 
 
-__all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "keys_payload", "resolve_targets"]
+__all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "keys_payload", "resolve_targets", "s3_request"]

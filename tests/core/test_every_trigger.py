@@ -27,6 +27,19 @@ BASES = (PollingTrigger, EventTrigger, EdgeEventTrigger)
 EXAMPLES: dict[str, dict[str, Any]] = {
     "DateTimeTrigger": {"target_time": "2030-01-01T00:00:00+00:00"},
     "S3KeyTrigger": {"bucket_key": ["s3://bucket-a/a/b.csv", "s3://bucket-a/c/*.csv"], "wildcard_match": True},
+    "S3KeysUnchangedTrigger": {
+        "bucket_name": "bucket-a",
+        "prefix": "exports/2024-05-01/",
+        "inactivity_period": 600,
+        "min_objects": 2,
+        "allow_delete": False,
+        "last_look": {
+            "observed_at": "2030-01-01T00:05:00+00:00",
+            "changed_at": "2030-01-01T00:00:00+00:00",
+            "fingerprint": "0" * 64,
+            "count": 3,
+        },
+    },
     "HttpBatchReadyTrigger": {"http_conn_id": "batch_api", "endpoint": "v1/batches/1/status"},
     "PostgresBatchMarkerTrigger": {
         "postgres_conn_id": "warehouse",

@@ -18,7 +18,7 @@ from airflow_deferrable_kit.sensors.base import DeferrableSensor
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
 from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
 from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
-from airflow_deferrable_kit.sensors.s3 import S3KeySensor
+from airflow_deferrable_kit.sensors.s3 import S3KeySensor, S3KeysUnchangedSensor
 from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor, TimeSensor, WaitSensor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ class Official:
 
 OFFICIAL_SENSORS = [
     Official("amazon/s3.py", "S3KeySensor", S3KeySensor),
-    Official("amazon/s3.py", "S3KeysUnchangedSensor", None),
+    Official("amazon/s3.py", "S3KeysUnchangedSensor", S3KeysUnchangedSensor),
     Official("http/http.py", "HttpSensor", HttpBatchReadySensor),
     Official("common_sql/sql.py", "SqlSensor", PostgresBatchMarkerSensor),
     Official("apache_kafka/kafka.py", "AwaitMessageSensor", KafkaMessageSensor),

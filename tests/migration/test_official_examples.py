@@ -9,9 +9,7 @@ provider's example, in test_official_examples_time.py.
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import inspect
-import re
 from typing import Any
 
 import pytest
@@ -19,7 +17,7 @@ from airflow.sdk import DAG, BaseSensorOperator
 
 from tests.fixtures.official_examples import amazon_s3, apache_kafka, http
 from tests.fixtures.official_examples.calls import ExampleCall
-from tests.migration.test_migration_coverage import MIGRATION, official_parameters
+from tests.migration.test_migration_coverage import official_parameters
 
 CALLS = [*amazon_s3.CALLS, *http.CALLS, *apache_kafka.CALLS]
 #: Values for the placeholders; parsing needs their shape only.
@@ -30,10 +28,6 @@ VALUES: dict[str, Any] = {
     "key_2": "example-key2",
     "wait_for_event": lambda message, **context: None,
 }
-
-
-#: Where the kit's sensors of each official module live.
-KIT_MODULES = {"airflow.providers.amazon.aws.sensors.s3": "airflow_deferrable_kit.sensors.s3"}
 
 
 def build_in_dag(call: ExampleCall) -> Any:
@@ -63,16 +57,6 @@ def test_the_call_is_refused_at_parse_naming_the_replacement(call: ExampleCall) 
         build_in_dag(call)
     assert f"(task_id={call.task_id!r})" in str(refused.value)
     assert "Invalid arguments" not in str(refused.value)
-
-
-@pytest.mark.parametrize("call", [c for c in CALLS if c.kit is None], ids=_ids)
-def test_a_sensor_without_a_kit_class_has_its_replacement_in_migration_md(call: ExampleCall) -> None:
-    official_module, _, name = call.official.partition(":")
-    kit_module = importlib.import_module(KIT_MODULES[official_module])
-    assert not hasattr(kit_module, name), f"the kit has a {name} now: port {call.task_id} to it"
-    section = next(s for s in MIGRATION.read_text().split("\n## ") if s.splitlines()[0].endswith(f".{name}`"))
-    assert call.refused is not None
-    assert re.search(call.refused, section), f"migration.md's {name} section does not name {call.refused}"
 
 
 @pytest.mark.parametrize("call", CALLS, ids=_ids)
