@@ -15,9 +15,9 @@ import datetime as dt
 import functools
 import inspect
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from datetime import timedelta
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from airflow.sdk import BaseOperator, BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.configuration import conf
@@ -25,9 +25,12 @@ from airflow.sdk.definitions._internal.mixins import ResolveMixin
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralTimeout
 
 from airflow_deferrable_kit._arguments import require_seconds
+from airflow_deferrable_kit.connections import misses_are_final
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value
 from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after, parse_deadline
+
+T = TypeVar("T")
 
 #: Bytes of a payload a task log line shows. The whole payload (up to 64 KiB) is the task's
 #: XCom; a refused candidate logs its line on every resume, so the line shows a marked cut.
@@ -83,6 +86,17 @@ def if_callable(message: str) -> OfficialRefusal:
         return message if callable(value) else None
 
     return check
+
+
+def run_in_worker(awaitable: Coroutine[Any, Any, T]) -> T:
+    """Run a look from the worker (a poke, the first look, a lookup) to its end, on a loop of its own.
+
+    A worker asks its own supervisor for connections, so an unknown ``conn_id`` is believed at
+    once (:func:`~airflow_deferrable_kit.connections.misses_are_final`), as by Airflow's own
+    sensors: the triggerer's grace window would start again in every reschedule-mode poke.
+    """
+    with misses_are_final():
+        return asyncio.run(awaitable)
 
 
 class WaitFailedError(RuntimeError):
@@ -452,7 +466,7 @@ class DeferrableSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=self.finish(payload))
 
     def _poll_in_worker(self) -> dict[str, Any] | None:
-        return asyncio.run(self.build_trigger(deadline=None).poll_once())
+        return run_in_worker(self.build_trigger(deadline=None).poll_once())
 
     def finish(self, payload: Any) -> Any:
         """Turn a payload into the task's outcome: return it, or raise the right exception."""
