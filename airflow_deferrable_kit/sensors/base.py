@@ -22,7 +22,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 from airflow.sdk import BaseOperator, BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.definitions._internal.mixins import ResolveMixin
-from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralTimeout
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralError, TaskDeferralTimeout
 
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit.connections import misses_are_final
@@ -487,10 +487,15 @@ class DeferrableSensor(BaseSensorOperator):
         raise WaitFailedError(f"unexpected trigger event payload: {payload!r}")
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
-        # Unlike BaseSensorOperator, only a timeout may be softened into a skip: a crashed
+        # Unlike BaseSensorOperator, soft_fail softens only a timeout into a skip: a crashed
         # trigger (TaskDeferralError) is a real error and fails the task even with soft_fail.
+        # never_fail skips it, as BaseSensorOperator does and as an error event does here.
         try:
             return BaseOperator.resume_execution(self, next_method, next_kwargs, context)
+        except TaskDeferralError as exc:
+            if self.never_fail:
+                raise AirflowSkipException(f"Skipping on error (never_fail): the trigger failed: {exc}") from exc
+            raise
         except TaskDeferralTimeout as exc:
             message = f"the trigger did not report before Airflow's backstop timeout: {exc}"
             if self.soft_fail or self.never_fail:
