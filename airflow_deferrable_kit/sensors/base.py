@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import functools
@@ -27,7 +28,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, T
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit.connections import misses_are_final
 from airflow_deferrable_kit.extras import require_extra
-from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value
+from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value, timeout_payload
 from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after, parse_deadline
 
 T = TypeVar("T")
@@ -88,15 +89,34 @@ def if_callable(message: str) -> OfficialRefusal:
     return check
 
 
+#: The deadline the worker's first look must end by (set by :meth:`DeferrableSensor.look_then_defer`).
+_look_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("look_deadline", default=None)
+
+
+class LookTimedOut(Exception):
+    """The worker's first look was still running when the wait's deadline passed."""
+
+
 def run_in_worker(awaitable: Coroutine[Any, Any, T]) -> T:
     """Run a look from the worker (a poke, the first look, a lookup) to its end, on a loop of its own.
 
     A worker asks its own supervisor for connections, so an unknown ``conn_id`` is believed at
     once (:func:`~airflow_deferrable_kit.connections.misses_are_final`), as by Airflow's own
     sensors: the triggerer's grace window would start again in every reschedule-mode poke.
+    Within the first look before deferring, the look is abandoned at the wait's deadline
+    (:class:`LookTimedOut`): a hung server cannot hold the worker slot past ``timeout``.
     """
+    deadline = _look_deadline.get()
+
+    async def bounded() -> T:
+        assert deadline is not None
+        try:
+            return await asyncio.wait_for(awaitable, timeout=max(deadline - time.time(), 0.0))
+        except asyncio.TimeoutError:
+            raise LookTimedOut from None
+
     with misses_are_final():
-        return asyncio.run(awaitable)
+        return asyncio.run(awaitable if deadline is None else bounded())
 
 
 class WaitFailedError(RuntimeError):
@@ -426,7 +446,16 @@ class DeferrableSensor(BaseSensorOperator):
         """Look once here (``check_before_defer``): finish on an answer the worker's check lets
         stand, pause after one it refuses, defer to the wait on "not yet"."""
         if self.check_before_defer:
-            payload = self._poll_in_worker()
+            token = _look_deadline.set(parse_deadline(deadline))
+            try:
+                payload = self._poll_in_worker()
+            except LookTimedOut:
+                what = self.build_trigger(deadline=None).describe()
+                return self.finish(
+                    timeout_payload(f"{what}: the first look in the worker had no answer by the deadline {deadline}")
+                )
+            finally:
+                _look_deadline.reset(token)
             if payload is not None:
                 if not self._stands(payload, context):
                     self.pause_then_defer(deadline)

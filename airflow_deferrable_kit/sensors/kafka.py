@@ -326,6 +326,16 @@ class KafkaMessageSensor(DeferrableSensor):
             return int(started.timestamp() * 1000)
         return int(time.time() * 1000)
 
+    def look_then_defer(self, deadline: str, context: Context) -> Any:
+        """Defer at once: the worker never scans a backlog (``check_before_defer`` is not used here).
+
+        From ``earliest``, a group's ``committed`` offsets, an old ``start_after`` or a retry's
+        stored offsets, a first look would read the whole backlog in the worker slot, and the
+        trigger would then read it all again from the same start. The trigger's first poll is the
+        first look, off the worker.
+        """
+        self.defer_until(deadline)
+
     def _poll_in_worker(self) -> dict[str, Any] | None:
         # One bounded scan; in poke mode the next poke continues where this one stopped.
         trigger = self.build_trigger(deadline=None)
