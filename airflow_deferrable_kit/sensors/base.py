@@ -24,6 +24,7 @@ from airflow.sdk import BaseOperator, BaseSensorOperator, Context, PokeReturnVal
 from airflow.sdk.configuration import conf
 from airflow.sdk.definitions._internal.mixins import ResolveMixin
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralError, TaskDeferralTimeout
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger
 
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit.connections import misses_are_final
@@ -119,6 +120,15 @@ def run_in_worker(awaitable: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(awaitable if deadline is None else bounded())
 
 
+#: Why a task may not defer to an event trigger (Airflow does not refuse it itself).
+_EVENT_TRIGGER_REASON = (
+    "is an event trigger (BaseEventTrigger): it backs an AssetWatcher, runs for ever and yields an event "
+    "each time its condition becomes true, so a task deferred to it would not end as a wait does. "
+    "Defer to the wait's own trigger (S3KeyTrigger rather than S3KeyEventTrigger), or schedule a DAG "
+    "on an Asset with AssetWatcher(trigger=...)"
+)
+
+
 class WaitFailedError(RuntimeError):
     """The wait ended with an error. Not an ``AirflowException``, so ``soft_fail`` cannot skip it."""
 
@@ -208,6 +218,8 @@ class DeferrableSensor(BaseSensorOperator):
         super().__init_subclass__(**kwargs)
         if "trigger_class" not in cls.__dict__:
             return
+        if issubclass(cls.trigger_class, BaseEventTrigger):
+            raise TypeError(f"{cls.__name__}: trigger_class={cls.trigger_class.__name__} {_EVENT_TRIGGER_REASON}")
         clashes = [name for name in cls.wait_parameter_names() if hasattr(BaseSensorOperator, name)]
         if clashes:
             raise TypeError(
@@ -467,6 +479,22 @@ class DeferrableSensor(BaseSensorOperator):
         if not self.deferrable:
             return super().execute(context)
         return self.look_then_defer(deadline_after(self.timeout), context)
+
+    def defer(
+        self,
+        *,
+        trigger: BaseTrigger,
+        method_name: str,
+        kwargs: dict[str, Any] | None = None,
+        timeout: timedelta | int | float | None = None,
+    ) -> NoReturn:
+        """Airflow's ``defer``, refusing an event trigger (it would never end the task)."""
+        if isinstance(trigger, BaseEventTrigger):
+            raise TypeError(
+                f"{type(self).__name__} (task_id={self.task_id!r}): trigger={type(trigger).__name__} "
+                + _EVENT_TRIGGER_REASON
+            )
+        super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
     def defer_until(self, deadline: str) -> NoReturn:
         """Defer to the trigger with the given absolute deadline (re-deferrals pass the same one)."""
