@@ -51,6 +51,7 @@ class S3KeySensor(DeferrableSensor):
             "set 'verify' (true, false or a CA bundle path) in the extras of the aws connection: the triggerer "
             "builds its client from aws_conn_id alone",
             None,
+            True,  # what generated DAG code writes: certificates are verified unless the connection says not
         ),
         "region_name": unless_default("set 'region_name' in the extras of the aws connection", None),
         "region": unless_default("set 'region_name' in the extras of the aws connection", None),
