@@ -9,6 +9,12 @@ looks exactly like a missing connection. A miss is therefore retried as a transi
 :data:`NOT_FOUND_GRACE` seconds from the first miss of that ``conn_id`` in this process; a
 connection that really does not exist ends the wait with one clear error when the window closes.
 
+The window is the triggerer's alone. A worker looks a connection up through its own task
+supervisor, as Airflow's own sensors do, and they fail at the first poke on an unknown
+``conn_id``; so the sensor's looks in the worker run inside :func:`misses_are_final` and a miss
+there is believed at once. (The window could not help there anyway: every reschedule-mode poke is
+a fresh process that would start it again, so a typo would wait until the sensor's timeout.)
+
 Two things keep the lookup off the loop's critical path: Airflow's lookup machinery is imported
 once in a worker thread (its first import would otherwise stall the loop), and concurrent
 lookups of one ``conn_id`` are merged, so a thousand triggers starting together make one lookup
@@ -18,12 +24,15 @@ lookups of one ``conn_id`` are merged, so a thousand triggers starting together 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import register_connection
-from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError
+from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -34,6 +43,18 @@ _imported = False
 NOT_FOUND_GRACE = 30.0
 #: When each conn_id was first found missing, until a lookup of it succeeds.
 _first_miss: dict[str, float] = {}
+#: Set while the worker looks (see the module docstring): a miss is final at once.
+_misses_final: contextvars.ContextVar[bool] = contextvars.ContextVar("misses_final", default=False)
+
+
+@contextlib.contextmanager
+def misses_are_final() -> Iterator[None]:
+    """Within this block (and tasks started in it), an unknown ``conn_id`` is a fatal error at once."""
+    token = _misses_final.set(True)
+    try:
+        yield
+    finally:
+        _misses_final.reset(token)
 
 
 def _import_lookup_machinery() -> None:
@@ -85,22 +106,61 @@ def _now() -> float:
     return time.monotonic()
 
 
+class ConnectionMissing(TransientError):
+    """ "Not found" within the grace window: retried, but never allowed to end as a timeout.
+
+    :meth:`believed` is the error the wait ends with once the miss is believed.
+    """
+
+    def __init__(self, message: str, *, conn_id: str, argument: str, grace_left: float) -> None:
+        super().__init__(message, error_type=ErrorType.UNAVAILABLE)
+        self.conn_id = conn_id
+        self.argument = argument
+        #: Seconds until the grace window closes, when the error was raised.
+        self.grace_left = grace_left
+
+    def believed(self) -> FatalError:
+        return _missing(self.conn_id, self.argument, "")
+
+
+def _missing(conn_id: str, argument: str, since: str) -> FatalError:
+    return FatalError(
+        f"{argument}={conn_id!r}: no Airflow connection with this id is defined{since} "
+        "(create it in the UI, an AIRFLOW_CONN_* variable or a secrets backend)",
+        error_type=ErrorType.CONNECTION_NOT_FOUND,
+    )
+
+
 def _not_found(conn_id: str, argument: str) -> TransientError | FatalError:
-    """Transient within the grace window of the first miss, fatal once it has closed."""
+    """Transient within the grace window of the first miss, fatal once it has closed (or in a worker)."""
+    if _misses_final.get():
+        return _missing(conn_id, argument, "")
     now = _now()
     first = _first_miss.setdefault(conn_id, now)
     if now - first < NOT_FOUND_GRACE:
-        return TransientError(
+        return ConnectionMissing(
             f"{argument}={conn_id!r}: Airflow found no connection with this id; asking again for up to "
             f"{NOT_FOUND_GRACE:g}s in case Airflow could not be asked (a triggerer restart answers the same way)",
-            error_type=ErrorType.UNAVAILABLE,
+            conn_id=conn_id,
+            argument=argument,
+            grace_left=first + NOT_FOUND_GRACE - now,
         )
-    return FatalError(
-        f"{argument}={conn_id!r}: no Airflow connection with this id is defined "
-        f"(still missing {now - first:.0f}s after the first lookup; create it in the UI, an AIRFLOW_CONN_* "
-        "variable or a secrets backend)",
-        error_type=ErrorType.CONNECTION_NOT_FOUND,
-    )
+    return _missing(conn_id, argument, f" (still missing {now - first:.0f}s after the first lookup)")
+
+
+def believed_before_deadline(error: WaitError, *, seconds_left: float | None, longest_retry: float) -> WaitError:
+    """``error``, or the connection error itself if a miss's grace could outlast the wait.
+
+    The grace exists to ride out a blip, never to turn a typo into a timeout (a skip with
+    ``soft_fail``): when the window would not close, and one more lookup be made (a retry sleeps
+    at most ``longest_retry``), before the deadline, the miss is believed now. A wait with no
+    deadline (an event trigger) keeps the whole window.
+    """
+    if not isinstance(error, ConnectionMissing) or seconds_left is None:
+        return error
+    if seconds_left <= error.grace_left + longest_retry:
+        return error.believed()
+    return error
 
 
 async def _lookup(conn_id: str) -> Connection:

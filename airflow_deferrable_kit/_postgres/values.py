@@ -75,8 +75,11 @@ def _coerce_scalar(value: Any, type_name: str) -> Any:
             return str(value)
         if type_name == "numeric":
             return decimal.Decimal(str(value))
-        if type_name in _INT_TYPES and isinstance(value, float) and value.is_integer():
-            return int(value)
+        if type_name in _INT_TYPES and isinstance(value, float):
+            if value.is_integer():
+                return int(value)
+            # asyncpg would truncate 1.5 to 1 and the query would match the wrong row.
+            raise ValueError("not a whole number, and the placeholder is an integer (it would be truncated)")
         if type_name in _FLOAT_TYPES:
             return float(value)
         if type_name == "interval":

@@ -10,24 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import functools
 import inspect
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from datetime import timedelta
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from airflow.sdk import BaseOperator, BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.definitions._internal.mixins import ResolveMixin
-from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralTimeout
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralError, TaskDeferralTimeout
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger
 
 from airflow_deferrable_kit._arguments import require_seconds
+from airflow_deferrable_kit.connections import misses_are_final
 from airflow_deferrable_kit.extras import require_extra
-from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value
+from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value, timeout_payload
 from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after, parse_deadline
+
+T = TypeVar("T")
 
 #: Bytes of a payload a task log line shows. The whole payload (up to 64 KiB) is the task's
 #: XCom; a refused candidate logs its line on every resume, so the line shows a marked cut.
@@ -83,6 +88,45 @@ def if_callable(message: str) -> OfficialRefusal:
         return message if callable(value) else None
 
     return check
+
+
+#: The deadline the worker's first look must end by (set by :meth:`DeferrableSensor.look_then_defer`).
+_look_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("look_deadline", default=None)
+
+
+class LookTimedOut(Exception):
+    """The worker's first look was still running when the wait's deadline passed."""
+
+
+def run_in_worker(awaitable: Coroutine[Any, Any, T]) -> T:
+    """Run a look from the worker (a poke, the first look, a lookup) to its end, on a loop of its own.
+
+    A worker asks its own supervisor for connections, so an unknown ``conn_id`` is believed at
+    once (:func:`~airflow_deferrable_kit.connections.misses_are_final`), as by Airflow's own
+    sensors: the triggerer's grace window would start again in every reschedule-mode poke.
+    Within the first look before deferring, the look is abandoned at the wait's deadline
+    (:class:`LookTimedOut`): a hung server cannot hold the worker slot past ``timeout``.
+    """
+    deadline = _look_deadline.get()
+
+    async def bounded() -> T:
+        assert deadline is not None
+        try:
+            return await asyncio.wait_for(awaitable, timeout=max(deadline - time.time(), 0.0))
+        except asyncio.TimeoutError:
+            raise LookTimedOut from None
+
+    with misses_are_final():
+        return asyncio.run(awaitable if deadline is None else bounded())
+
+
+#: Why a task may not defer to an event trigger (Airflow does not refuse it itself).
+_EVENT_TRIGGER_REASON = (
+    "is an event trigger (BaseEventTrigger): it backs an AssetWatcher, runs for ever and yields an event "
+    "each time its condition becomes true, so a task deferred to it would not end as a wait does. "
+    "Defer to the wait's own trigger (S3KeyTrigger rather than S3KeyEventTrigger), or schedule a DAG "
+    "on an Asset with AssetWatcher(trigger=...)"
+)
 
 
 class WaitFailedError(RuntimeError):
@@ -174,6 +218,8 @@ class DeferrableSensor(BaseSensorOperator):
         super().__init_subclass__(**kwargs)
         if "trigger_class" not in cls.__dict__:
             return
+        if issubclass(cls.trigger_class, BaseEventTrigger):
+            raise TypeError(f"{cls.__name__}: trigger_class={cls.trigger_class.__name__} {_EVENT_TRIGGER_REASON}")
         clashes = [name for name in cls.wait_parameter_names() if hasattr(BaseSensorOperator, name)]
         if clashes:
             raise TypeError(
@@ -412,7 +458,16 @@ class DeferrableSensor(BaseSensorOperator):
         """Look once here (``check_before_defer``): finish on an answer the worker's check lets
         stand, pause after one it refuses, defer to the wait on "not yet"."""
         if self.check_before_defer:
-            payload = self._poll_in_worker()
+            token = _look_deadline.set(parse_deadline(deadline))
+            try:
+                payload = self._poll_in_worker()
+            except LookTimedOut:
+                what = self.build_trigger(deadline=None).describe()
+                return self.finish(
+                    timeout_payload(f"{what}: the first look in the worker had no answer by the deadline {deadline}")
+                )
+            finally:
+                _look_deadline.reset(token)
             if payload is not None:
                 if not self._stands(payload, context):
                     self.pause_then_defer(deadline)
@@ -424,6 +479,22 @@ class DeferrableSensor(BaseSensorOperator):
         if not self.deferrable:
             return super().execute(context)
         return self.look_then_defer(deadline_after(self.timeout), context)
+
+    def defer(
+        self,
+        *,
+        trigger: BaseTrigger,
+        method_name: str,
+        kwargs: dict[str, Any] | None = None,
+        timeout: timedelta | int | float | None = None,
+    ) -> NoReturn:
+        """Airflow's ``defer``, refusing an event trigger (it would never end the task)."""
+        if isinstance(trigger, BaseEventTrigger):
+            raise TypeError(
+                f"{type(self).__name__} (task_id={self.task_id!r}): trigger={type(trigger).__name__} "
+                + _EVENT_TRIGGER_REASON
+            )
+        super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
     def defer_until(self, deadline: str) -> NoReturn:
         """Defer to the trigger with the given absolute deadline (re-deferrals pass the same one)."""
@@ -452,7 +523,7 @@ class DeferrableSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=self.finish(payload))
 
     def _poll_in_worker(self) -> dict[str, Any] | None:
-        return asyncio.run(self.build_trigger(deadline=None).poll_once())
+        return run_in_worker(self.build_trigger(deadline=None).poll_once())
 
     def finish(self, payload: Any) -> Any:
         """Turn a payload into the task's outcome: return it, or raise the right exception."""
@@ -473,10 +544,15 @@ class DeferrableSensor(BaseSensorOperator):
         raise WaitFailedError(f"unexpected trigger event payload: {payload!r}")
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
-        # Unlike BaseSensorOperator, only a timeout may be softened into a skip: a crashed
+        # Unlike BaseSensorOperator, soft_fail softens only a timeout into a skip: a crashed
         # trigger (TaskDeferralError) is a real error and fails the task even with soft_fail.
+        # never_fail skips it, as BaseSensorOperator does and as an error event does here.
         try:
             return BaseOperator.resume_execution(self, next_method, next_kwargs, context)
+        except TaskDeferralError as exc:
+            if self.never_fail:
+                raise AirflowSkipException(f"Skipping on error (never_fail): the trigger failed: {exc}") from exc
+            raise
         except TaskDeferralTimeout as exc:
             message = f"the trigger did not report before Airflow's backstop timeout: {exc}"
             if self.soft_fail or self.never_fail:

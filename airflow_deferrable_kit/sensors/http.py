@@ -8,7 +8,6 @@ judges it in the worker on resume, as a ``requests.Response`` (see
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import inspect
@@ -25,6 +24,7 @@ from airflow_deferrable_kit.sensors.base import (
     DeferrableSensor,
     OfficialRefusal,
     is_unresolved,
+    run_in_worker,
     unless_default,
     unless_empty,
 )
@@ -206,7 +206,7 @@ class HttpBatchReadySensor(DeferrableSensor):
 
     def _poll_in_worker(self) -> dict[str, Any] | None:
         trigger = self._worker_trigger()
-        payload = asyncio.run(trigger.poll_once())
+        payload = run_in_worker(trigger.poll_once())
         self._local_response = trigger.last_response if _is_success(payload) else None
         return payload
 
@@ -260,7 +260,7 @@ class HttpBatchReadySensor(DeferrableSensor):
     def _fetch_again(self) -> requests.Response | None:
         """The same request once more, read whole: ``None`` if the answer is not a success now."""
         trigger = self._worker_trigger(max_body_bytes=WHOLE_BODY)
-        payload = asyncio.run(trigger.poll_once())
+        payload = run_in_worker(trigger.poll_once())
         if payload is None:
             return None  # not yet, or a transient error: wait on
         if not _is_success(payload):

@@ -7,7 +7,6 @@ for the later tries in Airflow's task state store (see :meth:`KafkaMessageSensor
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import time
 from collections.abc import Mapping, Sequence
@@ -18,7 +17,13 @@ from airflow.sdk import Context
 from airflow_deferrable_kit._kafka.messages import canonical_acceptors
 from airflow_deferrable_kit._kafka.offsets import commit_offset, log_end_offsets
 from airflow_deferrable_kit.payload import SUCCESS
-from airflow_deferrable_kit.sensors.base import DeferrableSensor, OfficialRefusal, is_unresolved, unless_default
+from airflow_deferrable_kit.sensors.base import (
+    DeferrableSensor,
+    OfficialRefusal,
+    is_unresolved,
+    run_in_worker,
+    unless_default,
+)
 from airflow_deferrable_kit.sensors.temporal import to_utc_iso
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 
@@ -270,7 +275,7 @@ class KafkaMessageSensor(DeferrableSensor):
             )
         else:
             try:
-                self.start_offsets = asyncio.run(log_end_offsets(self.kafka_conn_id, topics))
+                self.start_offsets = run_in_worker(log_end_offsets(self.kafka_conn_id, topics))
             except Exception as exc:  # the wait itself reports a broker it cannot use
                 self.start_after_ms = int(time.time() * 1000)
                 self.log.warning(
@@ -298,7 +303,7 @@ class KafkaMessageSensor(DeferrableSensor):
         looked_up: list[str] = list(stored["topics"])
         new = [topic for topic in self.topics if topic not in looked_up]
         if new:
-            offsets.update(asyncio.run(log_end_offsets(self.kafka_conn_id, new)))
+            offsets.update(run_in_worker(log_end_offsets(self.kafka_conn_id, new)))
             store.set(START_KEY, {"offsets": offsets, "topics": looked_up + new}, retention=NEVER_EXPIRE)
         self.start_offsets = {topic: offsets[topic] for topic in self.topics if topic in offsets}
         self.log.info("Starting at the first try's offsets %s", self.start_offsets)
@@ -321,12 +326,22 @@ class KafkaMessageSensor(DeferrableSensor):
             return int(started.timestamp() * 1000)
         return int(time.time() * 1000)
 
+    def look_then_defer(self, deadline: str, context: Context) -> Any:
+        """Defer at once: the worker never scans a backlog (``check_before_defer`` is not used here).
+
+        From ``earliest``, a group's ``committed`` offsets, an old ``start_after`` or a retry's
+        stored offsets, a first look would read the whole backlog in the worker slot, and the
+        trigger would then read it all again from the same start. The trigger's first poll is the
+        first look, off the worker.
+        """
+        self.defer_until(deadline)
+
     def _poll_in_worker(self) -> dict[str, Any] | None:
         # One bounded scan; in poke mode the next poke continues where this one stopped.
         trigger = self.build_trigger(deadline=None)
         assert isinstance(trigger, KafkaMessageTrigger)
         trigger.resume_scan_from(self._scan_cursor)
-        payload = asyncio.run(trigger.poll_once())
+        payload = run_in_worker(trigger.poll_once())
         self._scan_cursor.update(trigger.scan_cursor)
         return payload
 
@@ -334,7 +349,7 @@ class KafkaMessageSensor(DeferrableSensor):
         result = super().finish(payload)
         if self.commit_on_match and isinstance(result, dict) and result.get("status") == SUCCESS:
             assert self.group_id is not None
-            asyncio.run(
+            run_in_worker(
                 commit_offset(
                     kafka_conn_id=self.kafka_conn_id,
                     group_id=self.group_id,

@@ -61,6 +61,7 @@ class S3KeySensor(DeferrableSensor):
             "set 'verify' (true, false or a CA bundle path) in the extras of the aws connection: the triggerer "
             "builds its client from aws_conn_id alone",
             None,
+            True,  # what generated DAG code writes: certificates are verified unless the connection says not
         ),
         **_CONNECTION_SETTINGS,
     }

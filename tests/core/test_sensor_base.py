@@ -228,6 +228,16 @@ def test_a_crashed_trigger_fails_the_task_even_with_soft_fail() -> None:
         s.resume_execution("__fail__", {"error": "Trigger failure"}, make_context(s))
 
 
+def test_a_crashed_trigger_skips_with_never_fail_as_airflows_sensor_does() -> None:
+    """BaseSensorOperator.resume_execution skips a TaskDeferralError with never_fail; so does this."""
+    s = sensor("r8", "none", never_fail=True)
+    with pytest.raises(AirflowSkipException, match=r"never_fail.*Trigger failure") as info:
+        s.resume_execution("__fail__", {"error": "Trigger failure"}, make_context(s))
+    assert isinstance(info.value.__cause__, TaskDeferralError)
+    with pytest.raises(AirflowSkipException, match="never_fail"):  # the error event, for comparison
+        resume(sensor("r9", "none", never_fail=True), ERROR)
+
+
 # -------------------------------------------------------------------------- deferrable=False
 def test_poke_mode_uses_the_same_check_and_returns_the_payload() -> None:
     s = sensor("poke", "none", "transient", "none", "found", deferrable=False, poke_interval=0.01)

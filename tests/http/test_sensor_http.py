@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowSensorTimeout
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
 
 from airflow_deferrable_kit.sensors.base import WaitFailedError
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
@@ -177,3 +179,25 @@ def test_example_dag_parses_without_network(monkeypatch: pytest.MonkeyPatch) -> 
     for task in sensors:
         assert task.deferrable is True
         assert any(a["state"] == "success" for a in task.acceptors) or task.predicate or not task.acceptors
+
+
+@pytest.mark.parametrize(("soft_fail", "outcome"), [(False, AirflowSensorTimeout), (True, AirflowSkipException)])
+def test_the_first_look_in_the_worker_ends_at_the_sensor_timeout(
+    serve: Serve, connection: Conn, soft_fail: bool, outcome: type[Exception]
+) -> None:
+    """A server that never answers holds the first look (before deferring) only until ``timeout``."""
+    released = threading.Event()
+
+    async def stall(seen: Any) -> Any:
+        await asyncio.to_thread(released.wait)  # in the server's own loop
+        return reply(200, {"state": "ready"})
+
+    server = serve(stall)
+    connection("batch_api", host="127.0.0.1", port=server.port)
+    s = sensor(deferrable=True, timeout=1, request_timeout=600, soft_fail=soft_fail)
+    try:
+        with pytest.raises(outcome, match="first look in the worker had no answer by the deadline"):
+            s.execute(make_context(s))
+    finally:
+        released.set()
+    assert len(server.requests) == 1  # it was looking, not deferred

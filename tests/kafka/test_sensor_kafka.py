@@ -129,13 +129,27 @@ def test_poke_mode_scans_a_bounded_range_and_resumes_where_it_stopped(
     assert payload["examined"] == 1  # the second poke started where the first one stopped
 
 
-def test_check_before_defer_finds_an_existing_message_without_deferring(
-    bootstrap: str, kafka_conn: str, topic: str
+def test_deferred_the_worker_never_scans_the_backlog_the_trigger_reads(
+    bootstrap: str, kafka_conn: str, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """From ``earliest`` a first look would read the whole backlog in the worker slot, and the
+    trigger all of it again: the sensor defers at once and the trigger finds the message."""
+    asyncio.run(produce(bootstrap, topic, *[Message({"state": "pending"}, key="x") for _ in range(50)]))
     asyncio.run(produce(bootstrap, topic, Message({"state": "done"}, key="x")))
+    scans: list[str] = []
+    real_poll_once = KafkaMessageTrigger.poll_once
+
+    async def counted(self: KafkaMessageTrigger) -> Any:
+        scans.append(self.topics[0])
+        return await real_poll_once(self)
+
+    monkeypatch.setattr(KafkaMessageTrigger, "poll_once", counted)
     task = sensor(topic, kafka_conn, start_from="earliest", success=[{"path": "state", "equals": "done"}])
-    payload = task.execute(make_context(task))
-    assert payload["status"] == "success" and payload["key"] == "x"
+    trigger = assert_defers(task, KafkaMessageTrigger)
+    assert scans == []  # nothing read in the worker
+    payload = asyncio.run(run_trigger(rebuilt(trigger), timeout=20)).payload
+    assert payload["status"] == "success" and payload["key"] == "x" and payload["value"] == {"state": "done"}
+    assert task.execute_complete(make_context(task), payload) == payload
 
 
 def test_a_failure_condition_fails_the_task_even_with_soft_fail(bootstrap: str, kafka_conn: str, topic: str) -> None:
@@ -148,8 +162,10 @@ def test_a_failure_condition_fails_the_task_even_with_soft_fail(bootstrap: str, 
         success=[{"path": "state", "equals": "done"}],
         failure=[{"path": "state", "equals": "failed"}],
     )
+    trigger = assert_defers(task, KafkaMessageTrigger)
+    payload = asyncio.run(run_trigger(rebuilt(trigger), timeout=20)).payload
     with pytest.raises(WaitFailedError, match="condition_failed"):
-        task.execute(make_context(task))
+        task.execute_complete(make_context(task), payload)
 
 
 def test_commit_on_match_commits_after_the_event_and_committed_start_moves_on(
@@ -285,8 +301,11 @@ def test_commit_on_match_is_at_least_once_across_a_retry(bootstrap: str, kafka_c
     assert coordinates(event) == placed[0]
     # Airflow stored the event; the try fails before resuming, so before the commit.
     assert set(asyncio.run(committed(bootstrap, group, topic, 3)).values()) == {-1}
-    retry = attempt()  # check_before_defer: the retry's worker scans from the first try's offsets
-    result = retry.execute(task_context(retry, store, try_number=2))
+    retry = attempt()  # the retry's trigger reads from the first try's offsets
+    retry_context = task_context(retry, store, try_number=2)
+    again = assert_defers(retry, KafkaMessageTrigger, context=retry_context)
+    assert again.start_offsets == trigger.start_offsets
+    result = retry.execute_complete(retry_context, asyncio.run(run_trigger(rebuilt(again), timeout=20)).payload)
     assert result["status"] == "success" and coordinates(result) == placed[0]
     assert asyncio.run(committed(bootstrap, group, topic, 3))[placed[0][0]] == placed[0][1] + 1
 

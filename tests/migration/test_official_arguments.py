@@ -95,6 +95,7 @@ def test_aliases_are_templated_like_their_own_names() -> None:
             {"bucket_key": KEY},
             {"verify": None, "use_regex": False, "metadata_keys": None, "region_name": None, "botocore_config": None},
         ),
+        (S3KeySensor, {"bucket_key": KEY}, {"verify": True}),
         (
             DateTimeSensor,
             {"target_time": "2030-01-01T00:00:00+00:00"},
@@ -171,6 +172,7 @@ REFUSED = [
     (S3KeySensor, {"bucket_key": KEY, "use_regex": True}, r"use_regex=.*wildcard_match=True"),
     (S3KeySensor, {"bucket_key": KEY, "metadata_keys": ["*"]}, r"metadata_keys=.*etag"),
     (S3KeySensor, {"bucket_key": KEY, "verify": False}, r"verify=.*extras of the aws connection"),
+    (S3KeySensor, {"bucket_key": KEY, "verify": "/etc/ssl/ca.pem"}, r"verify=.*extras of the aws connection"),
     (S3KeySensor, {"bucket_key": KEY, "region_name": "eu-west-1"}, r"region_name=.*'region_name' in the extras"),
     (S3KeySensor, {"bucket_key": KEY, "botocore_config": {"retries": {}}}, r"botocore_config=.*config_kwargs"),
     (

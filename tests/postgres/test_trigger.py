@@ -441,3 +441,26 @@ async def test_poll_once_is_the_same_check(conn_id: str, admin: asyncpg.Connecti
     payload = await trigger.poll_once()
     assert payload is not None and payload["status"] == "success" and payload["row"]["status"] == "done"
     assert held_keys() == {}
+
+
+async def test_a_fraction_for_an_integer_placeholder_is_refused_naming_the_parameter(
+    conn_id: str, admin: asyncpg.Connection
+) -> None:
+    """1.5 against ``int`` used to be truncated to 1 and match the wrong row; 2.0 is the integer 2."""
+    table = unique("counts")
+    await admin.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, state text)")
+    await admin.execute(f"INSERT INTO {table} VALUES (1, 'ready'), (2, 'ready')")
+    sql = f"SELECT id, state FROM {table} WHERE id = $1"
+    payload = await run_trigger_payload(
+        PostgresBatchMarkerTrigger(postgres_conn_id=conn_id, sql=sql, parameters=[1.5], **FAST), timeout=20
+    )
+    assert payload["status"] == "error" and payload["error_type"] == "bad_configuration"
+    assert "parameters[0]=1.5 is not a valid int4 value: not a whole number" in payload["message"]
+    payload = await run_trigger_payload(
+        PostgresBatchMarkerTrigger(postgres_conn_id=conn_id, sql=sql, parameters=[2.0], **FAST), timeout=20
+    )
+    assert payload["status"] == "success" and payload["row"] == {"id": 2, "state": "ready"}
+    payload = await run_trigger_payload(
+        PostgresBatchMarkerTrigger(postgres_conn_id=conn_id, table=table, match={"id": 1.5}, **FAST), timeout=20
+    )
+    assert payload["status"] == "error" and "1.5 is not a valid int4 value" in payload["message"]
