@@ -23,8 +23,10 @@ def to_utc_iso(value: str | dt.datetime, *, argument: str = "target_time") -> st
     """Normalise a moment to an ISO 8601 UTC string.
 
     Aware values keep their instant. Naive datetimes and strings without an offset are read in
-    Airflow's default timezone (``[core] default_timezone``), like every other Airflow date. A
-    moment UTC cannot hold (``9999-12-31T23:00:00-05:00``) is a ValueError naming the argument.
+    Airflow's default timezone (``[core] default_timezone``), like every other Airflow date.
+    Strings are parsed as the official ``DateTimeSensor`` parses them (``timezone.parse``, not
+    strict), so ``"Jan 1 2024 11pm"`` means what it means there. A moment UTC cannot hold
+    (``9999-12-31T23:00:00-05:00``) is a ValueError naming the argument.
     """
     from airflow.sdk import timezone
 
@@ -32,9 +34,9 @@ def to_utc_iso(value: str | dt.datetime, *, argument: str = "target_time") -> st
         moment = value if value.tzinfo is not None else timezone.coerce_datetime(value)
     elif isinstance(value, str):
         try:
-            moment = timezone.parse(value.strip(), strict=True)
+            moment = timezone.parse(value.strip())
         except Exception as exc:
-            raise ValueError(f"{argument} could not be parsed as an ISO 8601 datetime: {value!r}") from exc
+            raise ValueError(f"{argument} could not be parsed as a date and time: {value!r}") from exc
         if not isinstance(moment, dt.datetime):
             raise ValueError(f"{argument} must be a date and time, got {value!r}")
     else:

@@ -111,6 +111,18 @@ def test_naive_values_follow_airflows_default_timezone() -> None:
     assert to_utc_iso("2026-06-01T12:00:00") == "2026-06-01T12:00:00+00:00"
 
 
+@pytest.mark.parametrize("free_form", ["Jan 1 2024 11pm", "2024-01-01 23:00", "1 January 2024 23:00:00"])
+def test_free_form_dates_parse_as_the_official_sensor_parses_them(free_form: str) -> None:
+    from airflow.sdk import timezone
+
+    official = timezone.parse(free_form)  # what airflow.providers.standard's DateTimeSensor calls
+    assert to_utc_iso(free_form) == official.astimezone(dt.timezone.utc).isoformat()
+    assert to_utc_iso(free_form) == "2024-01-01T23:00:00+00:00"
+    assert DateTimeSensor(task_id="w", target_time=free_form).build_trigger(deadline=None).target_time == (
+        "2024-01-01T23:00:00+00:00"
+    )
+
+
 @pytest.mark.parametrize("bad", ["not a date", "2026-13-45T00:00:00", ""])
 def test_unparsable_target_fails_at_dag_parse_naming_the_argument(bad: str) -> None:
     with pytest.raises(ValueError, match="target_time could not be parsed"):
