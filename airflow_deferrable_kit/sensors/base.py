@@ -261,6 +261,13 @@ class DeferrableSensor(BaseSensorOperator):
             deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
         self.deferrable = deferrable
         self.check_before_defer = check_before_defer
+        if deferrable and getattr(self, "exponential_backoff", False):
+            raise ValueError(
+                f"{type(self).__name__} (task_id={self.task_id!r}): exponential_backoff=True (and max_wait) "
+                "only space out pokes in a worker, and this wait defers: the trigger polls every poll_interval "
+                "and backs off with jitter on errors by itself (max_backoff). Drop exponential_backoff, or set "
+                "deferrable=False to poke with it"
+            )
         if end_from_trigger and listeners_registered():
             _say_end_from_trigger_is_off(self)
             end_from_trigger = False

@@ -313,3 +313,16 @@ def test_assert_defers_renders_templated_fields_as_the_worker_does() -> None:
     script("templated-defer", "none")
     trigger = assert_defers(sensor, ScriptedTrigger, context=make_context(sensor, ds="2026-12-01"))
     assert trigger.note == "2026-12-01"
+
+
+def test_exponential_backoff_is_refused_when_deferring_and_kept_when_poking() -> None:
+    """Airflow's own sensors space out worker pokes with it; a deferred wait polls from the
+    triggerer and backs off on errors by itself, so asking for it there is refused, not ignored."""
+    from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
+
+    with pytest.raises(ValueError, match=r"exponential_backoff=True \(and max_wait\) only space out pokes"):
+        DateTimeSensor(task_id="w", target_time="2030-01-01T00:00:00+00:00", deferrable=True, exponential_backoff=True)
+    poking = DateTimeSensor(
+        task_id="w", target_time="2030-01-01T00:00:00+00:00", deferrable=False, exponential_backoff=True, max_wait=60
+    )
+    assert poking.exponential_backoff is True and poking.max_wait == dt.timedelta(seconds=60)  # Airflow's poke loop
