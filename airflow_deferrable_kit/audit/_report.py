@@ -3,8 +3,10 @@
 The ranking is the point of the audit: sensors whose tries held a worker slot while only
 waiting (poke or reschedule mode), most idle worker-held time first, each with the kit sensor
 that moves its wait to the triggerer; and for every sensor, the change that would save the most
-worker time (:mod:`~airflow_deferrable_kit.audit._advice`). Rows render as a fixed-width table
-(each duration in the unit its size calls for), CSV or JSON (raw hours and seconds).
+worker time (:mod:`~airflow_deferrable_kit.audit._advice`); and, per sensor class and mode,
+what the tries held against what a poke-mode sensor would have held (:class:`Held`), so the saving
+can be said in words. Rows render as a fixed-width table (each duration in the unit its size
+calls for), CSV or JSON (raw hours and seconds); ``_html`` renders the same report as a page.
 """
 
 from __future__ import annotations
