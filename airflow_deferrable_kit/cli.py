@@ -2,8 +2,8 @@
 
 ``audit`` reads an Airflow 3 metadata database and reports, per task / DAG / operator, how much
 worker-slot time went to waiting, which sensors are worth moving to a deferrable wait, and what
-each sensor's next change would save. See
-``docs/audit.md``. Exit codes: 0 done, 1 the audit could not run, 2 a bad argument.
+each sensor's next change would save, in the chosen format on stdout and, with ``--html FILE``,
+as one self-contained HTML page. See ``docs/audit.md``. Exit codes: 0 done, 1 the audit could not run, 2 a bad argument.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
-from airflow_deferrable_kit.audit import AuditError, AuditUsageError, Progress, run_audit
+from airflow_deferrable_kit.audit import AuditError, AuditUsageError, Progress, render_html, run_audit
 
 PROG = "airflow-deferrable-kit"
 
@@ -92,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-id", action="append", dest="run_ids", metavar="RUN_ID", help="only this DAG run (repeatable)"
     )
     audit.add_argument(
+        "--listeners",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the deployment has listener plugins (OpenLineage, load_examples' example listener); "
+        "Airflow refuses end_from_trigger with them (default: what the metadata DB shows, else advised on condition)",
+    )
+    audit.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="also write a one-page HTML report (chart, savings, advice, totals) to FILE",
+    )
+    audit.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -144,6 +158,7 @@ def _audit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             dag_ids=args.dag_ids,
             run_ids=args.run_ids,
             progress=printer,
+            listeners=args.listeners,
         )
     except AuditUsageError as exc:
         parser.print_usage(sys.stderr)
@@ -155,6 +170,12 @@ def _audit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     finally:
         if printer is not None:
             printer.close()
+    if args.html is not None:
+        try:
+            args.html.write_text(render_html(report, top=args.top), encoding="utf-8")
+        except OSError as exc:
+            sys.stderr.write(f"{parser.prog}: error: could not write --html {args.html}: {exc.strerror or exc}\n")
+            return 1
     if args.format == "json":
         sys.stdout.write(report.to_json(top=args.top) + "\n")
     elif args.format == "csv":

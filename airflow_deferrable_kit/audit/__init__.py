@@ -10,7 +10,8 @@ runs :func:`run_audit`. It has three jobs, each in its own module:
 * :mod:`~airflow_deferrable_kit.audit._report` sums tries into rows, ranks the sensors worth
   migrating and renders the table, CSV or JSON;
 * :mod:`~airflow_deferrable_kit.audit._advice` names the kit sensor that replaces each one and,
-  per sensor, the change that would hold the least worker time and what it saves.
+  per sensor, the change that would hold the least worker time and what it saves;
+* :mod:`~airflow_deferrable_kit.audit._html` renders the report as one self-contained HTML page.
 
 Every name the command, the docs and the benchmarks use is importable from here. Nothing in
 this package is imported by triggers or sensors.
@@ -23,8 +24,18 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from airflow_deferrable_kit.audit._advice import CHANGES, EQUIVALENTS, MODES, Equivalent, Recommendation, kit_equivalent
+from airflow_deferrable_kit.audit._advice import (
+    CHANGES,
+    EQUIVALENTS,
+    LISTENER_REFUSAL,
+    MODES,
+    Equivalent,
+    Listeners,
+    Recommendation,
+    kit_equivalent,
+)
 from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
+from airflow_deferrable_kit.audit._html import render_html
 from airflow_deferrable_kit.audit._measure import (
     CLOCK_SKEW_ALLOWANCE,
     WORKER_START,
@@ -45,19 +56,24 @@ from airflow_deferrable_kit.audit._metadata import (
     TI,
     TIH,
     UTC,
+    DagShape,
     all_dag_ids,
     check_schema,
+    dag_shape,
     dag_tries,
     events_query,
+    listener_evidence,
     mask,
     metadata_connection,
     open_engine,
     resolve_url,
+    shape_from_serialized,
     tries_query,
 )
 from airflow_deferrable_kit.audit._report import (
     GROUP_BY,
     GROUP_KEYS,
+    Held,
     Report,
     Row,
     Tasks,
@@ -101,11 +117,15 @@ def run_audit(
     now: dt.datetime | None = None,
     progress: Callable[[Progress], None] | None = None,
     progress_every: int = 5000,
+    listeners: bool | None = None,
 ) -> Report:
     """Audit the tries that ended in the last ``days`` before ``now``, DAG by DAG.
 
     ``dag_ids`` and ``run_ids`` narrow it to those DAGs and DAG runs. One DAG at a time keeps
     memory bounded by the largest DAG's window, and every query uses an index prefix on ``dag_id``.
+    ``listeners`` says whether the deployment has listener plugins; ``None`` lets the metadata
+    DB tell, if it can (:func:`listener_evidence`), which decides whether ``end_from_trigger``
+    is advised. Each DAG with sensors has its newest serialized version read for its shape.
     """
     validate(days=days, price=price, check_seconds=check_seconds, group_by=group_by)
     resolved = resolve_url(url)
@@ -114,18 +134,29 @@ def run_audit(
     tasks: Tasks = {}
     tries = 0
     with metadata_connection(resolved) as connection:
+        if listeners is None:
+            known = listener_evidence(connection)
+        else:
+            known = Listeners(listeners, f"--{'' if listeners else 'no-'}listeners")
         dags = list(dag_ids) if dag_ids else all_dag_ids(connection)
         for done, dag_id in enumerate(dags):
+            sensors: dict[int, Row] = {}  # the DAG's sensor rows, to mark from its shape
             for attempt, events in dag_tries(connection, dag_id, since, until, run_ids):
                 tries += 1
                 if progress is not None and tries % progress_every == 0:
                     progress(Progress(done, len(dags), tries))
                 usage = measure(attempt, events)
                 if usage is not None:
-                    account(tasks, attempt, usage, check_seconds)
+                    row = account(tasks, attempt, usage, check_seconds)
+                    if row.sensor:
+                        sensors[id(row)] = row
+            if sensors:
+                shape = dag_shape(connection, dag_id)
+                for row in sensors.values():
+                    row.starts_dag = None if shape is None else shape.starts_with(row.key["task_id"])
             if progress is not None:
                 progress(Progress(done + 1, len(dags), tries))
-    return build_report(tasks, mask(resolved), since, until, days, price, check_seconds, group_by)
+    return build_report(tasks, mask(resolved), since, until, days, price, check_seconds, group_by, known)
 
 
 __all__ = [
@@ -135,6 +166,7 @@ __all__ = [
     "FINISHED",
     "GROUP_BY",
     "GROUP_KEYS",
+    "LISTENER_REFUSAL",
     "LOG",
     "MODES",
     "NEVER_RAN",
@@ -147,8 +179,11 @@ __all__ = [
     "WORKER_STOP",
     "AuditError",
     "AuditUsageError",
+    "DagShape",
     "Equivalent",
     "Event",
+    "Held",
+    "Listeners",
     "Progress",
     "Recommendation",
     "Report",
@@ -157,15 +192,19 @@ __all__ = [
     "Try",
     "Usage",
     "check_schema",
+    "dag_shape",
     "duration",
     "events_query",
     "is_sensor",
     "kit_equivalent",
+    "listener_evidence",
     "mask",
     "measure",
     "open_engine",
+    "render_html",
     "resolve_url",
     "run_audit",
+    "shape_from_serialized",
     "tries_query",
     "validate",
     "worker_intervals",

@@ -2,17 +2,21 @@
 
 Two things live here: the sensor of this kit that replaces an operator (by the class name the
 metadata DB records), and, from the audit's own measure of each try (:class:`Usage`), one
-recommendation per sensor with its saving:
+recommendation per sensor with its saving. The changes, the one that saves the most first:
 
+* a sensor that is the first task of a DAG that only waits on it to start work, on a wait that
+  has an event form (an object, a response, a row, a message; not a wall-clock moment): an
+  ``AssetWatcher`` on the wait's event trigger starts the DAG with no sensor task at all, so
+  all of its worker time is saved. Where the audit could not read the DAG's shape, the advice
+  that follows says so as a condition.
 * a sensor that waits on a worker (poke or reschedule mode): ``deferrable=True``. The try would
   still hold a worker for one check before it defers and for one resume afterwards, each counted
   as the try's one-check allowance (see ``docs/audit.md``); the rest is saved.
 * a deferred sensor that resumes on a worker: ``end_from_trigger=True``. Its resumed runs only
   hand the payload back (this kit's sensors do nothing else there); their worker time is saved.
-* a deferred sensor that already ends in the triggerer, on a wait that has an event form (an
-  object, a response, a row, a message; not a wall-clock moment): an ``AssetWatcher`` on an event
-  trigger would start the DAG with no sensor task at all. This kit does not ship event triggers
-  yet, so this one is marked as not available and worded as a future option.
+  Airflow refuses ``end_from_trigger`` while listener plugins are registered, so it is advised
+  only where the deployment has none (:class:`Listeners`), and, where that is unknown, with the
+  condition written into the advice.
 """
 
 from __future__ import annotations
@@ -32,37 +36,60 @@ MODES = ("poke", "reschedule", "deferred", "worker")
 class Equivalent:
     """The sensor of this kit that can replace a given operator, and what to watch for.
 
-    ``end_note`` is what to watch for with ``end_from_trigger=True``.
+    ``end_note`` is what to watch for with ``end_from_trigger=True``; ``event_trigger`` the
+    dotted path of the wait's event trigger, for the waits that have one.
     """
 
     sensor: str
     note: str = ""
     end_note: str = ""
+    event_trigger: str = ""
 
     @property
     def name(self) -> str:
         return self.sensor.rsplit(".", 1)[-1]
 
+    @property
+    def event_trigger_name(self) -> str:
+        return self.event_trigger.rsplit(".", 1)[-1]
+
 
 _KIT = "airflow_deferrable_kit.sensors."
+_EVENTS = "airflow_deferrable_kit.triggers."
 _DATETIME = Equivalent(_KIT + "temporal.DateTimeSensor")
-_S3 = Equivalent(_KIT + "s3.S3KeySensor")
+_TIME = Equivalent(_KIT + "temporal.TimeSensor")
+_TIMEDELTA = Equivalent(_KIT + "temporal.TimeDeltaSensor")
+_WAIT = Equivalent(_KIT + "temporal.WaitSensor")
+_S3 = Equivalent(_KIT + "s3.S3KeySensor", event_trigger=_EVENTS + "s3_events.S3KeyEventTrigger")
 _HTTP = Equivalent(
     _KIT + "http.HttpBatchReadySensor",
     "a response_check keeps deferring (judged in the worker on resume)",
     end_note="not with a response_check: say it as success=/failure= acceptors",
+    event_trigger=_EVENTS + "http_events.HttpBatchReadyEventTrigger",
 )
-_POSTGRES = Equivalent(_KIT + "postgres.PostgresBatchMarkerSensor", "PostgreSQL databases only")
-_KAFKA = Equivalent(_KIT + "kafka.KafkaMessageSensor", end_note="not with commit_on_match=True")
+_POSTGRES = Equivalent(
+    _KIT + "postgres.PostgresBatchMarkerSensor",
+    "PostgreSQL databases only",
+    event_trigger=_EVENTS + "postgres_events.PostgresRowEventTrigger",
+)
+_KAFKA = Equivalent(
+    _KIT + "kafka.KafkaMessageSensor",
+    end_note="not with commit_on_match=True",
+    event_trigger=_EVENTS + "kafka_events.KafkaMessageEventTrigger",
+)
 
 #: Operator class names (``task_instance.operator``) with an equivalent in this kit. The
 #: metadata DB records class names, not modules: the official sensor and ours of the same name
-#: look alike, and the advice (``deferrable=True``) is the same for both.
+#: look alike, and the advice (``deferrable=True``) is the same for both. Each official time
+#: sensor has its namesake here (``sensors/temporal.py``), which works its moment out the same way.
 EQUIVALENTS: dict[str, Equivalent] = {
     "DateTimeSensor": _DATETIME,
     "DateTimeSensorAsync": _DATETIME,
-    "TimeSensor": Equivalent(_DATETIME.sensor, "give target_time as a templated datetime"),
-    "TimeSensorAsync": Equivalent(_DATETIME.sensor, "give target_time as a templated datetime"),
+    "TimeSensor": _TIME,
+    "TimeSensorAsync": _TIME,
+    "TimeDeltaSensor": _TIMEDELTA,
+    "TimeDeltaSensorAsync": _TIMEDELTA,
+    "WaitSensor": _WAIT,
     "S3KeySensor": _S3,
     "S3KeySensorAsync": _S3,
     "HttpSensor": _HTTP,
@@ -75,9 +102,6 @@ EQUIVALENTS: dict[str, Equivalent] = {
     "KafkaMessageSensor": _KAFKA,
 }
 _SQL_SENSOR = re.compile(r"(sql|postgres)\w*sensor(async)?$", re.IGNORECASE)
-#: Waits on something that happens (an object, a response, a row, a message), which an event
-#: trigger could watch for; a wall-clock moment is a schedule, not an event.
-_EVENT_WAITS = {_S3.sensor, _HTTP.sensor, _POSTGRES.sensor, _KAFKA.sensor}
 
 
 def kit_equivalent(*names: str | None) -> Equivalent | None:
@@ -100,6 +124,46 @@ def migration_advice(equivalent: Equivalent | None) -> str:
     return f"{advice}; {equivalent.note}" if equivalent.note else advice
 
 
+# -------------------------------------------------------------------------- listeners
+#: What Airflow's DagBag says when it refuses ``end_from_trigger`` because listeners are
+#: registered (``dag_processing/dagbag.py``, 3.3.2); the DAG file then lands in ``import_error``.
+LISTENER_REFUSAL = "Listeners are not supported with end_from_trigger=True"
+#: Who registers listener plugins, as the advice names them.
+LISTENER_PLUGINS = "OpenLineage, or Airflow's example listener with load_examples=True"
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Whether the audited deployment has listener plugins: ``True``, ``False`` or ``None`` (unknown).
+
+    ``source`` says how the audit knows (the ``--listeners`` option, or what the metadata DB
+    shows); it is shown next to the advice so a reader can judge it.
+    """
+
+    registered: bool | None = None
+    source: str = "unknown (OpenLineage leaves no trace in the metadata DB; say it with --listeners or --no-listeners)"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"registered": self.registered, "source": self.source}
+
+
+def end_from_trigger_advice(equivalent: Equivalent | None, listeners: Listeners) -> str | None:
+    """``end_from_trigger=True`` for a sensor that resumes on a worker; ``None`` with listeners."""
+    if listeners.registered:
+        return None
+    if equivalent is None:
+        advice = "end_from_trigger=True, if the sensor takes it and resumes only to return its payload"
+    else:
+        advice = f"end_from_trigger=True ({equivalent.name} of this kit resumes only to return its payload"
+        advice += f"; {equivalent.end_note})" if equivalent.end_note else ")"
+    if listeners.registered is None:
+        advice += (
+            f", if no listener plugin is registered ({LISTENER_PLUGINS}): Airflow refuses end_from_trigger "
+            "with listeners, and the kit's sensors then resume on a worker anyway"
+        )
+    return advice
+
+
 # ---------------------------------------------------------------------------- savings
 @dataclass
 class Savings:
@@ -109,19 +173,17 @@ class Savings:
     deferring: float = 0.0
     #: deferred tries that resumed on a worker, with ``end_from_trigger=True``
     ending_in_trigger: float = 0.0
-    #: deferred tries that already ended in the triggerer, with an AssetWatcher instead
+    #: every try, with an AssetWatcher instead of the sensor task
     watching: float = 0.0
 
     def add(self, usage: Usage, check_seconds: float) -> None:
         """Count one sensor try (see the module docstring for what each change keeps)."""
         allowance = min(usage.shortest, check_seconds)
+        self.watching += usage.worker
         if usage.mode in ("poke", "reschedule"):
             self.deferring += max(0.0, usage.worker - 2 * allowance)
         elif usage.mode == "deferred":
-            if usage.resumed > 0:
-                self.ending_in_trigger += usage.resumed
-            else:
-                self.watching += usage.worker
+            self.ending_in_trigger += usage.resumed
 
     def merge(self, other: Savings) -> None:
         self.deferring += other.deferring
@@ -129,15 +191,16 @@ class Savings:
         self.watching += other.watching
 
 
-#: The changes a recommendation can name, in the order they are considered for a sensor.
-CHANGES = ("deferrable", "end_from_trigger", "asset_watcher")
+#: The changes a recommendation can name.
+CHANGES = ("asset_watcher", "deferrable", "end_from_trigger")
 
 
 @dataclass(frozen=True)
 class Recommendation:
     """One sensor task, the change it should make, and the worker seconds that change saves.
 
-    ``available`` is False for a change this kit cannot make yet (an AssetWatcher).
+    ``condition`` is what the advice depends on that the audit could not tell from the metadata
+    DB (listener plugins, the DAG's shape), ``None`` when it could.
     """
 
     key: Mapping[str, str]
@@ -145,7 +208,7 @@ class Recommendation:
     change: str
     advice: str
     saves: float
-    available: bool = True
+    condition: str | None = None
 
     def as_dict(self, price: float) -> dict[str, Any]:
         return {
@@ -155,28 +218,59 @@ class Recommendation:
             "advice": self.advice,
             "saves_seconds": self.saves,
             "saves_cost": self.saves / 3600 * price,
-            "available": self.available,
+            "condition": self.condition,
         }
 
 
+#: The condition an event trigger's advice carries when the DAG's shape could not be read.
+STARTS_DAG_CONDITION = "if it is the first task of a DAG that only waits on it to start work"
+
+
+def watcher_advice(equivalent: Equivalent, starts_dag: bool | None) -> str:
+    """Start the DAG on an asset watched by the wait's event trigger, and drop the sensor."""
+    advice = (
+        f"schedule the DAG on an Asset with an AssetWatcher on {equivalent.event_trigger}(...) (this wait's "
+        f"arguments) and drop the sensor task (docs/events.md)"
+    )
+    if starts_dag is None:
+        return f"{STARTS_DAG_CONDITION}: {advice}"
+    return f"{advice}: it is the first task of its DAG, which only waits on it to start work"
+
+
 def recommend(
-    key: Mapping[str, str], modes: Mapping[str, int], equivalent: Equivalent | None, savings: Savings
+    key: Mapping[str, str],
+    modes: Mapping[str, int],
+    equivalent: Equivalent | None,
+    savings: Savings,
+    *,
+    starts_dag: bool | None = None,
+    listeners: Listeners | None = None,
 ) -> Recommendation | None:
-    """The first change that would save worker time for this sensor task, if any."""
+    """The change that would save this sensor task the most worker time, if any.
+
+    ``starts_dag`` is whether the sensor is the first task of a DAG that only waits on it to
+    start work (``None``: the DAG's shape could not be read).
+    """
+    listeners = listeners or Listeners()
     held_modes = tuple(mode for mode in MODES if modes.get(mode))
+    watchable = equivalent is not None and bool(equivalent.event_trigger) and starts_dag is not False
+    if watchable and starts_dag and savings.watching > 0:
+        assert equivalent is not None
+        advice = watcher_advice(equivalent, starts_dag)
+        return Recommendation(key, held_modes, "asset_watcher", advice, savings.watching)
+    # An event trigger on a DAG whose shape is unknown is told as a condition after the change
+    # that needs no condition.
+    also = f"; {watcher_advice(equivalent, None)}" if watchable and equivalent is not None else ""
     if (modes.get("poke") or modes.get("reschedule")) and savings.deferring > 0:
-        return Recommendation(key, held_modes, "deferrable", migration_advice(equivalent), savings.deferring)
-    if savings.ending_in_trigger > 0:
-        if equivalent is None:
-            advice = "end_from_trigger=True, if the sensor takes it and resumes only to return its payload"
-        else:
-            advice = f"end_from_trigger=True ({equivalent.name} of this kit resumes only to return its payload"
-            advice += f"; {equivalent.end_note})" if equivalent.end_note else ")"
-        return Recommendation(key, held_modes, "end_from_trigger", advice, savings.ending_in_trigger)
-    if savings.watching > 0 and equivalent is not None and equivalent.sensor in _EVENT_WAITS:
-        advice = (
-            "later: an AssetWatcher on an event trigger for this wait would start the DAG with no sensor task "
-            "(planned, not in this kit yet)"
-        )
-        return Recommendation(key, held_modes, "asset_watcher", advice, savings.watching, available=False)
+        return Recommendation(key, held_modes, "deferrable", migration_advice(equivalent) + also, savings.deferring)
+    ending = end_from_trigger_advice(equivalent, listeners)
+    if savings.ending_in_trigger > 0 and ending is not None:
+        condition = "no listener plugins" if listeners.registered is None else None
+        return Recommendation(key, held_modes, "end_from_trigger", ending + also, savings.ending_in_trigger, condition)
+    # Deferred throughout and ending in the triggerer: only an event trigger holds less. (A poke
+    # sensor that found its condition at once has nothing to save worth a conditional change.)
+    deferred_only = not (modes.get("poke") or modes.get("reschedule"))
+    if watchable and deferred_only and savings.watching > 0 and equivalent is not None:
+        advice = watcher_advice(equivalent, None)
+        return Recommendation(key, held_modes, "asset_watcher", advice, savings.watching, STARTS_DAG_CONDITION)
     return None

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import sqlite3
+import zlib
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.types import TypeDecorator
 
+from airflow_deferrable_kit.audit._advice import LISTENER_REFUSAL, Listeners
 from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
 from airflow_deferrable_kit.audit._measure import WORKER_START, WORKER_STOP, Event, Try
 
@@ -99,6 +103,22 @@ LOG = sa.Table(
     sa.Column("event", sa.String),
 )
 _TRY_KEY = ("task_id", "run_id", "map_index", "try_number")
+# Read when present, never required: the DAG's shape and what shows listener plugins.
+SERIALIZED_DAG = sa.Table(
+    "serialized_dag",
+    _md,
+    sa.Column("dag_id", sa.String),
+    sa.Column("data", sa.Text),
+    sa.Column("data_compressed", sa.LargeBinary),
+    sa.Column("created_at", _UtcDateTime()),
+)
+IMPORT_ERROR = sa.Table("import_error", _md, sa.Column("filename", sa.String), sa.Column("stacktrace", sa.Text))
+DAG = sa.Table(
+    "dag", _md, sa.Column("dag_id", sa.String), sa.Column("bundle_name", sa.String), sa.Column("is_stale", sa.Boolean)
+)
+#: The bundle Airflow puts its example DAGs in when ``[core] load_examples`` is on, which also
+#: registers its example listener plugin (``plugins_manager.py``, 3.3.2).
+EXAMPLES_BUNDLE = "example_dags"
 
 
 def _same_try(a: sa.Table, b: sa.Table) -> sa.ColumnElement[bool]:
@@ -323,3 +343,87 @@ def dag_tries(
         )
         rows = sorted(by_try.pop((row.task_id, row.run_id, row.map_index, row.try_number), []))
         yield attempt, [Event(name, at) for at, _, name in rows]
+
+
+# ------------------------------------------------------------- what else the DB shows
+def _has(connection: sa.Connection, table: sa.Table) -> bool:
+    """Whether ``table`` exists with every column the audit reads from it (optional tables)."""
+    inspector = sa.inspect(connection)
+    if not inspector.has_table(table.name):
+        return False
+    return {column.name for column in table.columns} <= {column["name"] for column in inspector.get_columns(table.name)}
+
+
+@dataclass(frozen=True)
+class DagShape:
+    """What the audit needs of a DAG's structure: its root tasks, how many tasks, which are mapped."""
+
+    roots: frozenset[str]
+    tasks: int
+    mapped: frozenset[str] = frozenset()
+
+    def starts_with(self, task_id: str) -> bool:
+        """``task_id`` is the DAG's only first task and work follows it: the DAG only waits on it to start.
+
+        Such a DAG can start on an event instead; a DAG with other first tasks (work that does not
+        wait) or a mapped first task (several waits) cannot become one asset schedule as it is.
+        """
+        return self.roots == {task_id} and self.tasks > 1 and task_id not in self.mapped
+
+
+def shape_from_serialized(data: Any) -> DagShape | None:
+    """The shape of a serialized DAG (``serialized_dag.data``, format version 1 to 3); ``None`` if unreadable."""
+    try:
+        tasks = [task.get("__var", task) for task in data["dag"]["tasks"]]
+        ids = {str(task["task_id"]) for task in tasks}
+        downstream = {str(child) for task in tasks for child in task.get("downstream_task_ids") or ()}
+        mapped = {str(task["task_id"]) for task in tasks if task.get("_is_mapped") or task.get("_needs_expansion")}
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return DagShape(frozenset(ids - downstream), len(ids), frozenset(mapped)) if ids else None
+
+
+def dag_shape(connection: sa.Connection, dag_id: str) -> DagShape | None:
+    """The shape of the newest serialized version of ``dag_id``; ``None`` when there is none to read."""
+    if not _has(connection, SERIALIZED_DAG):
+        return None
+    row = connection.execute(
+        sa.select(SERIALIZED_DAG.c.data, SERIALIZED_DAG.c.data_compressed)
+        .where(SERIALIZED_DAG.c.dag_id == dag_id)
+        .order_by(SERIALIZED_DAG.c.created_at.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    try:
+        text = row.data if row.data is not None else zlib.decompress(row.data_compressed or b"")
+        return shape_from_serialized(json.loads(text) if isinstance(text, (str, bytes)) else text)
+    except (ValueError, zlib.error):
+        return None
+
+
+def listener_evidence(connection: sa.Connection) -> Listeners:
+    """Whether the metadata DB shows listener plugins; unknown (``registered=None``) when it shows none.
+
+    Two traces are conclusive: a DAG file Airflow refused because a task asked for
+    ``end_from_trigger`` while listeners were registered (``import_error``), and live example
+    DAGs (``[core] load_examples``, which registers Airflow's example listener). OpenLineage
+    leaves no trace, so their absence proves nothing.
+    """
+    if _has(connection, IMPORT_ERROR):
+        refused = connection.execute(
+            sa.select(IMPORT_ERROR.c.filename).where(IMPORT_ERROR.c.stacktrace.contains(LISTENER_REFUSAL)).limit(1)
+        ).first()
+        if refused is not None:
+            return Listeners(
+                True, f"Airflow refused end_from_trigger with listeners in {refused.filename} (import_error)"
+            )
+    if _has(connection, DAG):
+        example = connection.execute(
+            sa.select(DAG.c.dag_id).where(DAG.c.bundle_name == EXAMPLES_BUNDLE, DAG.c.is_stale.is_not(True)).limit(1)
+        ).first()
+        if example is not None:
+            return Listeners(
+                True, "Airflow's example DAGs are loaded (load_examples=True), which registers its example listener"
+            )
+    return Listeners()

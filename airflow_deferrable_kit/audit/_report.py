@@ -3,8 +3,10 @@
 The ranking is the point of the audit: sensors whose tries held a worker slot while only
 waiting (poke or reschedule mode), most idle worker-held time first, each with the kit sensor
 that moves its wait to the triggerer; and for every sensor, the change that would save the most
-worker time (:mod:`~airflow_deferrable_kit.audit._advice`). Rows render as a fixed-width table
-(each duration in the unit its size calls for), CSV or JSON (raw hours and seconds).
+worker time (:mod:`~airflow_deferrable_kit.audit._advice`); and, per sensor class and mode,
+what the tries held against what a poke-mode sensor would have held (:class:`Held`), so the saving
+can be said in words. Rows render as a fixed-width table (each duration in the unit its size
+calls for), CSV or JSON (raw hours and seconds); ``_html`` renders the same report as a page.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_deferrable_kit.audit._advice import (
+    LISTENER_PLUGINS,
     MODES,
     Equivalent,
+    Listeners,
     Recommendation,
     Savings,
     kit_equivalent,
@@ -89,6 +93,11 @@ class Row:
     operator_classes: set[str] = field(default_factory=set)
     migration_rank: int | None = None
     savings: Savings = field(default_factory=Savings)
+    #: A sensor's tries summed per mode, for what a poke-mode sensor would have held instead.
+    by_mode: dict[str, Totals] = field(default_factory=dict)
+    #: Whether the task is the first of a DAG that only waits on it to start work (``None``:
+    #: the DAG's shape could not be read).
+    starts_dag: bool | None = None
 
     @property
     def equivalent(self) -> Equivalent | None:
@@ -108,16 +117,20 @@ class Row:
         self.sensor = self.sensor or other.sensor
         self.operator_classes |= other.operator_classes
         self.savings.merge(other.savings)
+        for mode, totals in other.by_mode.items():
+            self.by_mode.setdefault(mode, Totals()).merge(totals)
 
     def advice(self) -> str:
         """What this sensor should become to stop waiting on a worker."""
         return migration_advice(self.equivalent)
 
-    def recommendation(self) -> Recommendation | None:
+    def recommendation(self, listeners: Listeners | None = None) -> Recommendation | None:
         """The change that would save this sensor task the most worker time, if any."""
         if not self.sensor or "operator" not in self.key:
             return None
-        return recommend(self.key, self.modes, self.equivalent, self.savings)
+        return recommend(
+            self.key, self.modes, self.equivalent, self.savings, starts_dag=self.starts_dag, listeners=listeners
+        )
 
     def as_dict(self, price: float) -> dict[str, Any]:
         equivalent = self.equivalent
@@ -129,6 +142,57 @@ class Row:
             "kit_equivalent": equivalent.sensor if equivalent else None,
             "migration_rank": self.migration_rank,
         }
+
+
+@dataclass(frozen=True)
+class Held:
+    """Sensor tries of one class in one mode: what they held, and what a poke-mode sensor would have.
+
+    A poke-mode sensor holds its worker from its first start to its end, so what it would have
+    held for the same tries is their wall time (measured, see ``_measure``); ``held`` is the
+    worker time they did hold.
+    """
+
+    operator: str
+    mode: str
+    runs: int
+    poke_would_hold: float
+    held: float
+
+    def sentence(self) -> str:
+        """The saving in words, as the table and the HTML page state it."""
+        what = "All sensors" if not self.operator else f"{self.operator} in {self.mode} mode"
+        runs = f"{self.runs} run" + ("" if self.runs == 1 else "s")
+        return (
+            f"{what} ({runs}): a poke-mode sensor would have held {worker_hours(self.poke_would_hold)} "
+            f"worker-hours; these held {worker_hours(self.held)} worker-hours."
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "operator": self.operator or None,
+            "mode": self.mode or None,
+            "runs": self.runs,
+            "poke_would_hold_hours": self.poke_would_hold / 3600,
+            "worker_held_hours": self.held / 3600,
+            "saved_hours": max(0.0, self.poke_would_hold - self.held) / 3600,
+            "sentence": self.sentence(),
+        }
+
+
+def held_by_sensor(rows: list[Row]) -> list[Held]:
+    """Per sensor class and mode, most held first; non-sensor tasks are working, not waiting."""
+    sums: dict[tuple[str, str], Totals] = {}
+    for row in rows:
+        for mode, totals in row.by_mode.items():
+            sums.setdefault((row.key["operator"], mode), Totals()).merge(totals)
+    held = [Held(operator, mode, t.runs, t.wall, t.worker) for (operator, mode), t in sums.items()]
+    return sorted(held, key=lambda h: (-h.held, -h.poke_would_hold, h.operator, MODES.index(h.mode)))
+
+
+def all_held(held: list[Held]) -> Held:
+    """The sum over every sensor class and mode (``operator`` and ``mode`` empty)."""
+    return Held("", "", sum(h.runs for h in held), sum(h.poke_would_hold for h in held), sum(h.held for h in held))
 
 
 @dataclass
@@ -148,6 +212,30 @@ class Report:
     #: One per sensor task that could hold less: the changes available today first, then the
     #: future ones, each most worker time saved first.
     recommendations: list[Recommendation] = field(default_factory=list)
+    #: Sensor tries per class and mode: what they held against what poke mode would have.
+    held: list[Held] = field(default_factory=list)
+    listeners: Listeners = field(default_factory=Listeners)
+
+    @property
+    def held_total(self) -> Held:
+        return all_held(self.held)
+
+    def saving_sentences(self) -> list[str]:
+        """The saving in words, per sensor class and mode, then in total (none without sensors)."""
+        if not self.held:
+            return []
+        return [*(held.sentence() for held in self.held), self.held_total.sentence()]
+
+    def listeners_note(self) -> str:
+        """What the audit knows of listener plugins, which decides whether end_from_trigger is advised."""
+        if self.listeners.registered:
+            return f"end_from_trigger is not advised: listener plugins are registered ({self.listeners.source})."
+        if self.listeners.registered is False:
+            return f"end_from_trigger is advised: no listener plugins ({self.listeners.source})."
+        return (
+            f"end_from_trigger is advised on condition: Airflow refuses it while listener plugins ({LISTENER_PLUGINS}) "
+            f"are registered, and whether any are is {self.listeners.source}."
+        )
 
     def as_dict(self, top: int | None = None) -> dict[str, Any]:
         candidates = self.candidates if top is None else self.candidates[:top]
@@ -163,6 +251,9 @@ class Report:
                 {"rank": row.migration_rank, **row.as_dict(self.price), "advice": row.advice()} for row in candidates
             ],
             "recommendations": [advice.as_dict(self.price) for advice in recommendations],
+            "held_by_sensor": [held.as_dict() for held in self.held],
+            "sensors_total": self.held_total.as_dict(),
+            "listeners": self.listeners.as_dict(),
             "totals": self.totals.as_dict(self.price),
         }
 
@@ -227,11 +318,17 @@ class Report:
             total.append("")
         parts = [head, _grid(header, [*lines, total], numeric=range(len(keys) + 1, len(keys) + 7))]
         parts.append("\n" + self._held_summary() + "\n")
+        sentences = self.saving_sentences()
+        if sentences:
+            parts.append("\nWhat poke mode would have held, per sensor and mode:\n")
+            parts.extend(f"  {sentence}\n" for sentence in sentences)
         if top > 0 and self.candidates:
             parts.append(self._candidates_table(top))
         deferred = [advice for advice in self.recommendations if advice.change != "deferrable"]
         if top > 0 and deferred:
             parts.append(self._deferred_table(deferred, top))
+        if any(advice.change == "end_from_trigger" for advice in self.recommendations) or self.listeners.registered:
+            parts.append("\n" + self.listeners_note() + "\n")
         if self.totals.estimated:
             parts.append(
                 f"\n{self.totals.estimated} of {self.totals.runs} runs had no state-change rows in the log table "
@@ -283,7 +380,7 @@ class Report:
             for advice in shown
         ]
         return (
-            "\nDeferred sensors that could hold less (SAVES: worker time the change would no longer hold"
+            "\nOther changes that would hold less (SAVES: worker time the change would no longer hold"
             + _more(len(deferred) - len(shown))
             + "):\n"
             + _grid(["DAG", "TASK", "OPERATOR", "MODE", "SAVES", "CHANGE"], lines, numeric=(4,))
@@ -311,6 +408,18 @@ def duration(seconds: float) -> str:
     if seconds < 3597:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:,.1f} h"
+
+
+def worker_hours(seconds: float) -> str:
+    """Seconds as a number of hours for a sentence: 2 decimals from one hour, 2 significant digits below."""
+    hours = seconds / 3600
+    if hours == 0:
+        return "0"
+    if hours < 0.0001:
+        return "<0.0001"
+    if hours >= 1:
+        return f"{hours:,.2f}"
+    return f"{hours:.2g}"
 
 
 def money(amount: float) -> str:
@@ -349,20 +458,23 @@ def _grid(header: list[str], lines: list[list[str]], *, numeric: Container[int])
 Tasks = dict[tuple[str, str, str], Row]
 
 
-def account(tasks: Tasks, attempt: Try, usage: Usage, check_seconds: float) -> None:
-    """Add one measured try to its task's row."""
+def account(tasks: Tasks, attempt: Try, usage: Usage, check_seconds: float) -> Row:
+    """Add one measured try to its task's row, and return the row."""
     sensor = attempt.sensor or usage.mode == "reschedule"
     key = (attempt.dag_id, attempt.task_id, attempt.operator_name)
     row = tasks.get(key)
     if row is None:
         row = tasks[key] = Row({"dag_id": key[0], "task_id": key[1], "operator": key[2]})
-    row.totals.add(usage, usage.idle(sensor=sensor, check_seconds=check_seconds))
+    idle = usage.idle(sensor=sensor, check_seconds=check_seconds)
+    row.totals.add(usage, idle)
     if sensor:
         row.savings.add(usage, check_seconds)
+        row.by_mode.setdefault(usage.mode, Totals()).add(usage, idle)
     row.modes[usage.mode] = row.modes.get(usage.mode, 0) + 1
     row.sensor = row.sensor or sensor
     if attempt.operator:
         row.operator_classes.add(attempt.operator)
+    return row
 
 
 def build_report(
@@ -374,6 +486,7 @@ def build_report(
     price: float,
     check_seconds: float,
     group_by: str,
+    listeners: Listeners | None = None,
 ) -> Report:
     """The report: rows grouped as asked, sorted by worker-held time, and the ranked candidates.
 
@@ -385,10 +498,12 @@ def build_report(
     )
     for rank, row in enumerate(candidates, start=1):
         row.migration_rank = rank
+    listeners = listeners or Listeners()
     recommendations = sorted(
-        (advice for advice in (row.recommendation() for row in tasks.values()) if advice is not None),
-        key=lambda advice: (not advice.available, -advice.saves, tuple(advice.key.values())),
+        (advice for advice in (row.recommendation(listeners) for row in tasks.values()) if advice is not None),
+        key=lambda advice: (-advice.saves, tuple(advice.key.values())),
     )
+    held = held_by_sensor(list(tasks.values()))
     if group_by == "task":
         rows = list(tasks.values())
     else:
@@ -405,5 +520,17 @@ def build_report(
     for row in rows:
         totals.merge(row.totals)
     return Report(
-        database, since, until, days, price, check_seconds, group_by, rows, candidates, totals, recommendations
+        database,
+        since,
+        until,
+        days,
+        price,
+        check_seconds,
+        group_by,
+        rows,
+        candidates,
+        totals,
+        recommendations,
+        held,
+        listeners,
     )

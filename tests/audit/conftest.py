@@ -8,8 +8,10 @@ copy for SQLite, ``CREATE DATABASE ... TEMPLATE`` for PostgreSQL.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,11 +61,24 @@ class MetadataDB:
     engine: sa.Engine
     tables: dict[str, sa.Table] = field(default_factory=dict)
     _runs: set[tuple[str, str]] = field(default_factory=set)
+    _dags: set[str] = field(default_factory=set)
+    _versions: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Airflow's own table objects: their Python-side defaults (ids, run_after, ...) apply.
         metadata = airflow_metadata()
-        for name in ("dag_run", "task_instance", "task_instance_history", "task_reschedule", "log"):
+        for name in (
+            "dag_run",
+            "task_instance",
+            "task_instance_history",
+            "task_reschedule",
+            "log",
+            "dag_bundle",
+            "dag",
+            "dag_version",
+            "serialized_dag",
+            "import_error",
+        ):
             self.tables[name] = metadata.tables[name]
 
     def _insert(self, table: str, **values: Any) -> None:
@@ -144,6 +159,55 @@ class MetadataDB:
                 event=event,
                 extra='{"host_name": "worker-1"}',
             )
+
+    def dag(self, dag_id: str, *, bundle: str = "dags-folder", stale: bool = False) -> None:
+        """A ``dag`` row (and its bundle), as the dag-processor writes it."""
+        if bundle not in {name for (name,) in self._select("dag_bundle", "name")}:
+            self._insert("dag_bundle", name=bundle)
+        self._insert(
+            "dag",
+            dag_id=dag_id,
+            bundle_name=bundle,
+            is_stale=stale,
+            max_active_tasks=16,
+            max_consecutive_failed_dag_runs=0,
+            has_task_concurrency_limits=False,
+        )
+        self._dags.add(dag_id)
+
+    def serialized(self, dag: Any, *, compressed: bool = False, at: dt.datetime | None = None) -> None:
+        """A new version of ``dag`` (an ``airflow.sdk.DAG``) serialized as Airflow serializes it,
+        stored as the dag-processor stores it (``[core] compress_serialized_dags``: zlib)."""
+        from airflow.serialization.serialized_objects import DagSerialization
+
+        if dag.dag_id not in self._dags:
+            self.dag(dag.dag_id)
+        data = DagSerialization.to_dict(dag)
+        version = uuid.uuid4()
+        number = self._versions[dag.dag_id] = self._versions.get(dag.dag_id, 0) + 1
+        created = at or dt.datetime.now(UTC)
+        self._insert("dag_version", id=version, dag_id=dag.dag_id, version_number=number, created_at=created)
+        self._insert(
+            "serialized_dag",
+            id=uuid.uuid4(),
+            dag_id=dag.dag_id,
+            dag_hash=uuid.uuid4().hex,
+            dag_version_id=version,
+            created_at=created,
+            last_updated=created,
+            **(
+                {"data": None, "data_compressed": zlib.compress(json.dumps(data).encode())}
+                if compressed
+                else {"data": data}
+            ),
+        )
+
+    def import_error(self, filename: str, stacktrace: str) -> None:
+        self._insert("import_error", filename=filename, bundle_name="dags-folder", stacktrace=stacktrace)
+
+    def _select(self, table: str, column: str) -> list[tuple[Any, ...]]:
+        with self.engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(sa.select(self.tables[table].c[column]))]
 
     def noise(self, at: dt.datetime) -> None:
         """Log rows that are not worker state changes (REST calls, DAG-level events)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from airflow_deferrable_kit.audit import dag_shape, open_engine
 from scripts.airflow_local import LocalAirflow, WatchedRun
 
 pytestmark = pytest.mark.e2e
@@ -33,6 +34,7 @@ class Audited:
     airflow: LocalAirflow
     watched: WatchedRun
     report: dict[str, Any]
+    html: str
 
     def row(self, task_id: str) -> dict[str, Any]:
         return next(row for row in self.report["rows"] if row["task_id"] == task_id)
@@ -69,10 +71,12 @@ def audited(airflow: LocalAirflow) -> Iterator[Audited]:
         "1",
         "--format",
         "json",
+        "--html",
+        str(airflow.home / "audit.html"),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 0, done.stderr
-    yield Audited(airflow, watched, json.loads(done.stdout))
+    yield Audited(airflow, watched, json.loads(done.stdout), (airflow.home / "audit.html").read_text())
 
 
 def test_every_mode_really_ran_as_intended(audited: Audited) -> None:
@@ -137,3 +141,31 @@ def test_the_poke_sensor_is_the_first_to_migrate(audited: Audited) -> None:
         for task in TASKS
     }
     print("wall s, worker-held s, worker runs:", measured)
+
+
+def test_the_dag_shape_is_read_from_the_dag_airflow_serialized(audited: Audited) -> None:
+    """The four waits run side by side: four first tasks, so none only starts its DAG."""
+    url = f"sqlite:///{audited.airflow.home / 'airflow.db'}"
+    engine = open_engine(url)
+    try:
+        with engine.connect() as connection:
+            shape = dag_shape(connection, DAG_ID)
+    finally:
+        engine.dispose()
+    assert shape is not None and shape.roots == set(TASKS) and shape.tasks == 4
+    assert not any(shape.starts_with(task) for task in TASKS)
+
+
+def test_the_saving_in_words_and_the_html_page_use_the_measured_times(audited: Audited) -> None:
+    held = {(h["operator"], h["mode"]): h for h in audited.report["held_by_sensor"]}
+    assert set(held) == {("DateTimeSensor", "poke"), ("DateTimeSensor", "reschedule"), ("DateTimeSensor", "deferred")}
+    poke, deferred = held[("DateTimeSensor", "poke")], held[("DateTimeSensor", "deferred")]
+    assert poke["worker_held_hours"] >= 0.9 * poke["poke_would_hold_hours"]
+    assert deferred["runs"] == 2 and deferred["worker_held_hours"] <= 0.3 * deferred["poke_would_hold_hours"]
+    total = audited.report["sensors_total"]
+    assert total["sentence"].startswith("All sensors (4 runs): a poke-mode sensor would have held ")
+    # Airflow here loads no examples and no OpenLineage; the DB cannot prove it, so it is a condition.
+    assert audited.report["listeners"]["registered"] is None
+    ending = [r for r in audited.report["recommendations"] if r["change"] == "end_from_trigger"]
+    assert [r["task_id"] for r in ending] == ["deferred"] and ending[0]["condition"] == "no listener plugins"
+    assert audited.html.count('class="held"') == 3 and total["sentence"] in audited.html

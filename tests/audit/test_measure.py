@@ -178,7 +178,11 @@ def test_idle_allows_one_check_at_most_the_shortest_run() -> None:
     [
         (("DateTimeSensor",), KIT + "temporal.DateTimeSensor"),
         (("DateTimeSensorAsync",), KIT + "temporal.DateTimeSensor"),
-        (("TimeSensor",), KIT + "temporal.DateTimeSensor"),
+        (("TimeSensor",), KIT + "temporal.TimeSensor"),
+        (("TimeSensorAsync",), KIT + "temporal.TimeSensor"),
+        (("TimeDeltaSensor",), KIT + "temporal.TimeDeltaSensor"),
+        (("TimeDeltaSensorAsync",), KIT + "temporal.TimeDeltaSensor"),
+        (("WaitSensor",), KIT + "temporal.WaitSensor"),
         (("S3KeySensor",), KIT + "s3.S3KeySensor"),
         (("HttpSensor",), KIT + "http.HttpBatchReadySensor"),
         (("SqlSensor",), KIT + "postgres.PostgresBatchMarkerSensor"),
