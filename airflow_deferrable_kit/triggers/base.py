@@ -41,6 +41,7 @@ from airflow_deferrable_kit._metrics import for_trigger
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.clients import Closer, Factory, Leases
+from airflow_deferrable_kit.connections import believed_before_deadline
 from airflow_deferrable_kit.errors import (
     ErrorType,
     FatalError,
@@ -451,7 +452,11 @@ class PollingTrigger(BaseTrigger):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                error = self.classify_error(exc)
+                # A missing connection whose grace would outlast the wait ends it with that error,
+                # never a timeout (a skip with soft_fail): the grace rides out blips, not typos.
+                error = believed_before_deadline(
+                    self.classify_error(exc), seconds_left=self.seconds_left(), longest_retry=float(self.max_backoff)
+                )
                 if isinstance(error, TransientError) and not reached and is_unknown_host(exc):
                     unknown_host += 1
                     if unknown_host >= UNKNOWN_HOST_ATTEMPTS:

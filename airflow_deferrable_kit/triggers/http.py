@@ -52,7 +52,6 @@ from airflow_deferrable_kit.conditions import (
     parse_path,
     settle,
 )
-from airflow_deferrable_kit.connections import believed_before_deadline
 from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
 from airflow_deferrable_kit.payload import cap_value, json_size, truncate_text
 from airflow_deferrable_kit.triggers.base import Found, PollingTrigger
@@ -403,9 +402,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
     def classify_error(self, exc: Exception) -> WaitError:
         # The base names the last transient error in a timeout message; ``_last`` says what the
         # last *answer* was, so the two never repeat each other.
-        error = classify_aiohttp_error(exc) or super().classify_error(exc)
-        # A missing connection whose grace would outlast the wait ends it with that error, not a timeout.
-        return believed_before_deadline(error, seconds_left=self.seconds_left(), longest_retry=self.max_backoff)
+        return classify_aiohttp_error(exc) or super().classify_error(exc)
 
 
 def requests_response(status: int, reason: str, url: str, headers: Mapping[str, str], body: bytes) -> requests.Response:

@@ -62,7 +62,6 @@ from airflow_deferrable_kit._kafka.offsets import CommittedOffsets, resolve_star
 from airflow_deferrable_kit._kafka.reader import ConnectionReader
 from airflow_deferrable_kit._kafka.settings import load_options
 from airflow_deferrable_kit.conditions import ConditionSet, Decision, capped_decision, import_predicate, settle
-from airflow_deferrable_kit.connections import believed_before_deadline
 from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError
 from airflow_deferrable_kit.payload import Found
 from airflow_deferrable_kit.triggers.base import PollingTrigger
@@ -245,9 +244,7 @@ class KafkaMessageTrigger(PollingTrigger):
         return f"Kafka message on {', '.join(self.topics)} via {self.kafka_conn_id} ({condition}; from {start})"
 
     def classify_error(self, exc: Exception) -> WaitError:
-        error = classify_kafka_error(exc) or super().classify_error(exc)
-        # A missing connection whose grace would outlast the wait ends it with that error, not a timeout.
-        return believed_before_deadline(error, seconds_left=self.seconds_left(), longest_retry=self.max_backoff)
+        return classify_kafka_error(exc) or super().classify_error(exc)
 
     # ------------------------------------------------------------------- the check
     async def check(self) -> Found | None:

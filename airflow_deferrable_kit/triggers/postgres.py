@@ -41,7 +41,6 @@ from airflow_deferrable_kit.conditions import (
     lookup,
     settle,
 )
-from airflow_deferrable_kit.connections import believed_before_deadline
 from airflow_deferrable_kit.errors import WaitError
 from airflow_deferrable_kit.payload import Found, cap_value, truncate_text
 from airflow_deferrable_kit.triggers.base import PollingTrigger
@@ -497,9 +496,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         return "success" if len(record) and record[0] else "retry"
 
     def classify_error(self, exc: Exception) -> WaitError:
-        error = classify_postgres_error(exc) or super().classify_error(exc)
-        # A missing connection whose grace would outlast the wait ends it with that error, not a timeout.
-        return believed_before_deadline(error, seconds_left=self.seconds_left(), longest_retry=self.max_backoff)
+        return classify_postgres_error(exc) or super().classify_error(exc)
 
     # ------------------------------------------------------------- LISTEN/NOTIFY wake-ups
     async def wait(self) -> dict[str, Any]:

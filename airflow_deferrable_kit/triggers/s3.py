@@ -26,7 +26,6 @@ from airflow_deferrable_kit._s3.client import (
     missing_code,
 )
 from airflow_deferrable_kit._s3.poller import Listing, S3Poller, close_poller, listing_reuse_window, open_poller
-from airflow_deferrable_kit.connections import believed_before_deadline
 from airflow_deferrable_kit.errors import ErrorType, WaitError
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger
@@ -347,9 +346,7 @@ class S3KeyTrigger(PollingTrigger):
 
     # ---------------------------------------------------------------------------- errors
     def classify_error(self, exc: Exception) -> WaitError:
-        error = classify_s3_error(exc, what=self.describe(), where=self._where()) or super().classify_error(exc)
-        # A missing connection whose grace would outlast the wait ends it with that error, not a timeout.
-        return believed_before_deadline(error, seconds_left=self.seconds_left(), longest_retry=self.max_backoff)
+        return classify_s3_error(exc, what=self.describe(), where=self._where()) or super().classify_error(exc)
 
     def _where(self) -> str:
         """The connection, for errors raised before S3 answered."""
