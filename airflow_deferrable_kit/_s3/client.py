@@ -384,11 +384,24 @@ def missing_code(exc: Any) -> str | None:
     return code if code in MISSING_CODES else None
 
 
-def _retry_after(headers: dict[str, Any]) -> float | None:
-    try:
-        return float(headers["retry-after"])
-    except (KeyError, TypeError, ValueError):
-        return None
+def _retry_after(headers: Mapping[str, Any]) -> float | None:
+    """``Retry-After`` in seconds, the header's name in any case (the direct path keeps the server's)."""
+    for name, value in headers.items():
+        if str(name).lower() == "retry-after":
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The seconds a server asked to wait before asking again, from a botocore error or one of ours."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        return _retry_after((response.get("ResponseMetadata") or {}).get("HTTPHeaders") or {})
+    value = getattr(exc, "retry_after", None)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def classify_s3_error(exc: BaseException, *, what: str, where: str) -> WaitError | None:
