@@ -16,7 +16,7 @@ the Postgres waits' batched statements (``airflow_deferrable_kit._postgres.batch
 * a failure is shared like an answer, with one backoff: every wait that shared the request gets
   its error, and so does every poll of the same question until the failure's hold ends
   (:func:`failure_hold`: the window of the poll that asked, doubling with each failure in a row
-  up to :data:`HOLD_DOUBLINGS` times, and never shorter than a server's ``Retry-After``); the
+  up to :data:`HOLD_DOUBLINGS` times, and a server's ``Retry-After`` up to that cap); the
   first poll after the hold asks again. A throttled or failing upstream so sees at most one
   request per hold, fewer than when it is healthy (one per window), never one per waiting poll;
   each wait still backs off on its own from the error it got;
@@ -59,10 +59,13 @@ def failure_hold(window: float, failures: int, retry_after: float | None = None)
 
     ``window`` seconds (the reuse window of the poll that sent it: a failing upstream is never
     asked more often than a healthy one) doubled for each earlier failure in a row, at most
-    :data:`HOLD_DOUBLINGS` times, and at least a server's ``retry_after``.
+    :data:`HOLD_DOUBLINGS` times, and at least a server's ``retry_after`` up to that cap: each
+    wait honours a longer ``Retry-After`` in its own backoff, and a hold past the cap would delay
+    a wait by more than one poll once the upstream recovers.
     """
+    cap = window * 2.0**HOLD_DOUBLINGS
     hold = window * 2.0 ** min(max(failures - 1, 0), HOLD_DOUBLINGS)
-    return max(hold, retry_after or 0.0)
+    return max(hold, min(retry_after or 0.0, cap))
 
 
 def _retry_after(failure: Any) -> float | None:
@@ -96,6 +99,16 @@ class _Shared:
     def failed(self) -> bool:
         return self.failure() is not None
 
+    def given(self, seen: int | None) -> bool:
+        """Whether this is the answer a caller already got (``seen``, its ``id()``)."""
+        return (
+            seen is not None
+            and self.task.done()
+            and not self.task.cancelled()
+            and self.task.exception() is None
+            and id(self.task.result()) == seen
+        )
+
     def usable(self, now: float, max_age: float, seen: int | None) -> bool:
         """Whether a poll at ``now`` that accepts answers ``max_age`` s old is answered by this."""
         if not self.task.done():
@@ -104,7 +117,7 @@ class _Shared:
             return False
         if self.failed():  # held; a hold not yet set: it failed in this very turn
             return now < self.held_until or self.held_until == -math.inf
-        return now - self.started <= max_age and not (seen is not None and id(self.task.result()) == seen)
+        return now - self.started <= max_age and not self.given(seen)
 
 
 class SharedAnswers:
@@ -141,11 +154,18 @@ class SharedAnswers:
         an error or such an answer (default: its ``retry_after`` attribute, as
         :class:`~airflow_deferrable_kit.errors.TransientError` has).
         ``seen`` is the ``id()`` of the answer this caller got last, which it is not given again
+        (a failing one it already got: it waits for that answer's hold to end)
         (while an answer is held its id names it alone; a stale id only costs a fresh request).
         """
         loop = asyncio.get_running_loop()
         now = loop.time()
         entry = self._shared.get(what)
+        if entry is not None and entry.given(seen) and entry.failed() and now < entry.held_until:
+            # This caller judged that failing answer already: it waits out the hold, then shares
+            # the next request (a backoff shorter than the hold must not send one of its own).
+            await asyncio.sleep(entry.held_until - now)
+            now = loop.time()
+            entry = self._shared.get(what)
         if entry is None or not entry.usable(now, max_age, seen):
             streak = entry.streak + 1 if entry is not None and entry.failed() else 0
             entry = _Shared(

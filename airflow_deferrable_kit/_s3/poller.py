@@ -207,7 +207,7 @@ class S3Poller:
         within ``max_age`` seconds, is shared instead of sending another: N waits on one prefix
         cost about one listing per window, not N. A failed listing answers with its error every
         wait that shared it and every poll of the prefix until its hold ends (a window, doubling
-        with each failure in a row, at least a ``Retry-After``); the first poll after it lists again.
+        with each failure in a row, a ``Retry-After`` up to that cap); the first poll after it lists again.
         """
         listing: Listing = await self._share(
             ("list", bucket, prefix), max_age, LISTING_REUSE_MAX, lambda: self._list(bucket, prefix)
@@ -236,7 +236,7 @@ class S3Poller:
         """The answer of ``fetch()``, shared with every caller of the same ``what``
         (:class:`~airflow_deferrable_kit._shared_polls.SharedAnswers`: reused while it started at
         most ``max_age`` s ago, dropped ``keep`` s after its start; a failure answers every caller
-        for its hold, a server's ``Retry-After`` honoured)."""
+        for its hold, a server's ``Retry-After`` honoured up to its cap)."""
         return await self._answers.share(what, fetch, max_age=max_age, keep=keep, retry_after=retry_after_of)
 
     async def close(self) -> None:

@@ -222,8 +222,9 @@ async def test_a_failure_answers_its_question_for_a_doubling_hold() -> None:
     answers.close()
 
 
-def test_a_hold_is_at_least_a_window_and_honours_retry_after() -> None:
+def test_a_hold_is_at_least_a_window_and_honours_retry_after_up_to_its_cap() -> None:
     assert failure_hold(0.1, 1) == 0.1
     assert failure_hold(0.1, 2) == 0.2
     assert failure_hold(0.1, 50) == 0.1 * 2**HOLD_DOUBLINGS
-    assert failure_hold(0.1, 1, retry_after=3.0) == 3.0
+    assert failure_hold(0.1, 1, retry_after=0.5) == 0.5
+    assert failure_hold(0.1, 1, retry_after=30.0) == 0.1 * 2**HOLD_DOUBLINGS  # each wait honours the rest
