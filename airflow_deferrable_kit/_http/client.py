@@ -29,6 +29,7 @@ import importlib
 import json
 import ssl
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -508,9 +509,12 @@ async def send_shared(
 
     N waits polling one URL with the same connection cost about one request per window, not N
     (rules in :mod:`airflow_deferrable_kit._shared_polls`). The :class:`Response` is shared
-    read-only: each wait evaluates its own conditions on it. A failed request is never reused,
-    and each wait that shared it gets its error to classify and back off from on its own;
-    cancelling one wait does not cancel the request the others wait for. ``seen``, the ``id()`` of
+    read-only: each wait evaluates its own conditions on it. A failed request (an exception, or
+    a 408, 429 or 5xx response) is shared too, with one backoff: every wait that shared it, and
+    every poll of the same request until its hold ends, gets that error or response to classify
+    and back off from on its own, so a throttled or failing server is asked less often than a
+    healthy one (:func:`~airflow_deferrable_kit._shared_polls.failure_hold`, ``Retry-After``
+    honoured). Cancelling one wait does not cancel the request the others wait for. ``seen``, the ``id()`` of
     the response the caller got last, is never handed to it again (the caller keeps no reference).
     """
     what = request_identity(
@@ -521,8 +525,21 @@ async def send_shared(
         return send(session, target, method, url, json_body=json_body, timeout=timeout, max_body_bytes=max_body_bytes)
 
     shared = _shared_responses.get()
-    response: Response = await shared.share(what, fetch, max_age=max_age, seen=seen)
+    response: Response = await shared.share(
+        what, fetch, max_age=max_age, seen=seen, is_failure=_is_failure, retry_after=_retry_after_of
+    )
     return response
+
+
+def _is_failure(response: Response) -> bool:
+    """A response worth retrying (408, 429, 5xx) is shared like a failed request: for one hold."""
+    return is_transient_status(response.status)
+
+
+def _retry_after_of(failure: Any) -> float | None:
+    if isinstance(failure, Response):
+        return parse_retry_after(failure.headers.get("Retry-After"), now=time.time())
+    return None
 
 
 def shared_responses() -> SharedAnswers:

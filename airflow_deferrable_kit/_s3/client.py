@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
@@ -250,7 +251,7 @@ def _build_client(settings: S3Settings) -> Any:
         return await _unentered_client(
             session,
             region_name=settings.region_name,
-            endpoint_url=settings.endpoint_url,
+            endpoint_url=client_endpoint(settings.endpoint_url),
             aws_access_key_id=settings.access_key_id,
             aws_secret_access_key=settings.secret_access_key,
             aws_session_token=settings.session_token,
@@ -276,16 +277,61 @@ def _builder_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _builder
 
 
-#: botocore's loggers that write credentials at DEBUG: the canonical request and string to sign
-#: (``auth``, session token included), the request sent with its headers (``endpoint``), the
-#: response a server may echo them in (``parsers``) (botocore 1.43.117, aiobotocore 3.10.0).
+#: botocore's and aiobotocore's loggers that can write a credential or an endpoint, read from
+#: botocore 1.43.117 and aiobotocore 3.10.0 (a filter runs only for the records its own logger
+#: writes, not for its children's, so each is named). At DEBUG they write: the canonical request
+#: and string to sign, session token included (``auth``); the request sent with its URL and
+#: headers, and the response (``endpoint``; aiobotocore's endpoint, http session, parsers, hooks,
+#: retry handlers and client write through botocore's loggers of the same module); response
+#: headers and bodies, which a server may echo a credential in (``parsers``, ``handlers``); the
+#: handlers called with their bound arguments (``hooks``); the endpoint rules' parameters and the
+#: endpoint they resolved (``regions``, ``aiobotocore.regions``, ``endpoint_provider``); rewritten
+#: request URIs and instance-metadata requests (``utils``, ``aiobotocore.utils``); an assumed
+#: endpoint host (``client``); endpoint URLs from the config files and environment
+#: (``configprovider``); session variables and ignored credentials (``session``); the failed
+#: request's exception, which names its URL (``httpsession``, ``retryhandler``, ``retries.*``);
+#: and credential providers' errors (``credentials``, ``aiobotocore.credentials``, ``tokens``).
 CREDENTIAL_LOGGERS: Final = (
     "botocore.auth",
     "botocore.endpoint",
     "botocore.parsers",
-    "aiobotocore.endpoint",
-    "aiobotocore.parsers",
+    "botocore.handlers",
+    "botocore.hooks",
+    "botocore.regions",
+    "botocore.endpoint_provider",
+    "botocore.utils",
+    "botocore.client",
+    "botocore.configprovider",
+    "botocore.session",
+    "botocore.httpsession",
+    "botocore.retryhandler",
+    "botocore.retries.standard",
+    "botocore.retries.special",
+    "botocore.retries.adaptive",
+    "botocore.credentials",
+    "botocore.tokens",
+    "aiobotocore.regions",
+    "aiobotocore.utils",
+    "aiobotocore.credentials",
+    "aiobotocore.tokens",
+    "aiobotocore.retries.adaptive",
 )
+
+
+def client_endpoint(endpoint_url: str | None) -> str | None:
+    """``endpoint_url`` without a ``user:password@``, which S3 never reads (requests are SigV4-signed).
+
+    aiohttp refuses a URL that carries credentials next to an ``Authorization`` header, so every
+    request to such an endpoint would fail; boto3 (the official provider's client) ignores them.
+    Dropping them here gives the same outcome as boto3, and keeps the password out of what
+    botocore logs about its endpoint.
+    """
+    if not endpoint_url or "@" not in endpoint_url:
+        return endpoint_url
+    parts = urllib.parse.urlsplit(endpoint_url)
+    if parts.username is None and parts.password is None:
+        return endpoint_url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 async def open_client(settings: S3Settings) -> Any:
@@ -338,11 +384,24 @@ def missing_code(exc: Any) -> str | None:
     return code if code in MISSING_CODES else None
 
 
-def _retry_after(headers: dict[str, Any]) -> float | None:
-    try:
-        return float(headers["retry-after"])
-    except (KeyError, TypeError, ValueError):
-        return None
+def _retry_after(headers: Mapping[str, Any]) -> float | None:
+    """``Retry-After`` in seconds, the header's name in any case (the direct path keeps the server's)."""
+    for name, value in headers.items():
+        if str(name).lower() == "retry-after":
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The seconds a server asked to wait before asking again, from a botocore error or one of ours."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        return _retry_after((response.get("ResponseMetadata") or {}).get("HTTPHeaders") or {})
+    value = getattr(exc, "retry_after", None)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def classify_s3_error(exc: BaseException, *, what: str, where: str) -> WaitError | None:

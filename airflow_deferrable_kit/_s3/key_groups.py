@@ -16,6 +16,11 @@ read and S3 prices a LIST like 12.5 HEADs, so at 16 polls per page a listing is 
 counts. Since the window is at most a tenth of a poll interval, each waiting key adds at most
 0.1 expected poll: it takes at least 160 keys in one folder for a one-page listing.
 
+A key is answered from listings only once a HEAD of it answered (:meth:`KeyGroup.may_list`):
+its first poll is a HEAD, so a key the credentials may not read (an ``s3:GetObject`` deny on it
+or its prefix, which S3 answers 403 whether the object exists or not) ends its wait with HEAD's
+403 at once, as without the group, instead of waiting on "not in the listing" until it times out.
+
 The bound: a listing of an exact-key folder stops after :data:`MAX_LISTING_PAGES` pages. A
 folder that holds more objects, or whose listing S3 refuses (``s3:ListBucket`` denied where
 ``s3:GetObject`` is allowed) or fails for any other non-transient reason, is polled with HEADs
@@ -52,6 +57,8 @@ class KeyGroup:
     folder: str
     #: key -> (its poll interval, loop time of its last poll)
     polled: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    #: keys a HEAD answered (404, or an object): the credentials may read them, so a listing may answer them
+    headed: set[str] = dataclasses.field(default_factory=set)
     rate: float = 0.0  # expected polls per second: the sum of 1 / interval over ``polled``
     pages: int = 1  # pages of the last complete listing (one until there is one)
     swept_at: float = -math.inf
@@ -75,6 +82,7 @@ class KeyGroup:
             self.swept_at = now
             for stale in [k for k, (every, last) in self.polled.items() if now - last > _STALE_INTERVALS * every]:
                 self.rate -= 1.0 / self.polled.pop(stale)[0]
+                self.headed.discard(stale)
             if not self.polled:
                 self.rate = 0.0
 
@@ -91,6 +99,10 @@ class KeyGroup:
         if now < self.head_only_until:
             return False
         return self.expected_polls(window) >= POLLS_PER_LISTING_PAGE * self.pages - 1e-9  # float sums
+
+    def may_list(self, key: str) -> bool:
+        """Whether a listing may answer ``key``: a HEAD of it answered (see the module docstring)."""
+        return key in self.headed
 
     def listed(self, pages: int) -> None:
         """A complete listing took ``pages`` pages: the next decisions weigh that many."""

@@ -3,7 +3,9 @@
 Waits whose patterns have the same literal prefix use one ``ListObjectsV2`` of it, started at
 most a short window (:func:`listing_reuse_window`, the rule of every shared poll in
 :mod:`airflow_deferrable_kit._shared_polls`) before their poll, and a bucket's existence
-is checked once for all the waits on it. A failed answer is never reused. Waits on exact keys
+is checked once for all the waits on it. A failed answer is shared too, for one backoff (the
+hold of :func:`airflow_deferrable_kit._shared_polls.failure_hold`): a throttled or failing bucket
+is asked less often than a healthy one, never once per waiting poll. Waits on exact keys
 of one folder share listings the same way when that is cheaper than one HEAD each
 (:meth:`S3Poller.find_object`; the rule and its bound are in
 :mod:`airflow_deferrable_kit._s3.key_groups`).
@@ -17,7 +19,7 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
-from airflow_deferrable_kit._s3.client import S3Settings, classify_s3_error, open_client
+from airflow_deferrable_kit._s3.client import S3Settings, classify_s3_error, open_client, retry_after_of
 from airflow_deferrable_kit._s3.key_groups import GROUP_SWEEP_SECONDS, MAX_LISTING_PAGES, KeyGroup, folder_of
 from airflow_deferrable_kit._s3.requests import DirectRequests
 from airflow_deferrable_kit._shared_polls import REUSE_MAX as LISTING_REUSE_MAX
@@ -109,10 +111,14 @@ class S3Poller:
         (:meth:`KeyGroup.lists`), a bounded listing of the folder that started at most
         :func:`listing_reuse_window` before this poll answers "not yet" for a key it does not
         hold. A key it does hold is then HEADed, so what a found key reports (payload fields,
-        ``min_size``, and errors such as a 403 on ``s3:GetObject``) is exactly what HEAD says.
+        ``min_size``, and errors such as a 403 on ``s3:GetObject``) is exactly what HEAD says; a
+        key's first poll is a HEAD too (:meth:`KeyGroup.may_list`), so a key the credentials may
+        not read fails its own wait at once and no other.
         A listing that stopped at its page bound, or failed with anything but a transient error,
         puts the folder on HEAD (:meth:`KeyGroup.head_only`); a transient one (throttling, 5xx,
-        network) is raised as the :class:`TransientError` :func:`classify_s3_error` makes of it.
+        network) is raised as the :class:`TransientError` :func:`classify_s3_error` makes of it,
+        to every poll that shares the listing and, for one hold, every poll after them
+        (:mod:`airflow_deferrable_kit._shared_polls`).
         """
         now = asyncio.get_running_loop().time()
         if now - self._groups_swept_at >= GROUP_SWEEP_SECONDS:
@@ -125,11 +131,13 @@ class S3Poller:
             group = self._groups[bucket, folder] = KeyGroup(folder)
         group.note_poll(key, poll_interval, now)
         window = listing_reuse_window(poll_interval)
-        if group.lists(window, now):
+        if group.may_list(key) and group.lists(window, now):
             listing = await self._folder_listing(bucket, group, window)
             if listing is not None and key not in listing:
                 return None
-        return await self._requests.head_object(bucket, key)
+        found = await self._requests.head_object(bucket, key)
+        group.headed.add(key)  # HEAD answered (404, or an object min_size may still refuse): readable
+        return found
 
     async def _folder_listing(self, bucket: str, group: KeyGroup, window: float) -> Listing | None:
         """A shared listing of ``group``'s folder bounded at :data:`MAX_LISTING_PAGES`; ``None``: use HEAD.
@@ -199,8 +207,10 @@ class S3Poller:
 
         A listing of the same ``(bucket, prefix)`` that is in flight or finished, and started
         within ``max_age`` seconds, is shared instead of sending another: N waits on one prefix
-        cost about one listing per window, not N. A failed listing is never reused: the waits
-        that shared it all get its error, and the next poll lists again.
+        cost about one listing per window, not N. A failed listing answers with its error every
+        wait that shared it and every poll of the prefix until its hold ends (a window, doubling
+        with each failure in a row, a ``Retry-After`` up to that cap); the first poll after it
+        lists again.
 
         With ``max_pages`` the listing stops after that many pages (it is then not ``complete``),
         so a wait that must hold a whole prefix in memory never reads an unbounded one. Such a
@@ -215,12 +225,8 @@ class S3Poller:
             what = ("list", bucket, prefix, str(max_pages))
         else:
             max_pages = None
-        listing: Listing = await self._answers.share(
-            what,
-            lambda: self._list(bucket, prefix, max_pages=max_pages),
-            max_age=max_age,
-            keep=LISTING_REUSE_MAX,
-            seen=seen,
+        listing: Listing = await self._share(
+            what, max_age, LISTING_REUSE_MAX, lambda: self._list(bucket, prefix, max_pages=max_pages), seen=seen
         )
         return listing
 
@@ -241,12 +247,19 @@ class S3Poller:
 
     # ---------------------------------------------------------------------------- sharing
     async def _share(
-        self, what: tuple[str, ...], max_age: float, keep: float, fetch: Callable[[], Coroutine[Any, Any, Any]]
+        self,
+        what: tuple[str, ...],
+        max_age: float,
+        keep: float,
+        fetch: Callable[[], Coroutine[Any, Any, Any]],
+        *,
+        seen: int | None = None,
     ) -> Any:
         """The answer of ``fetch()``, shared with every caller of the same ``what``
         (:class:`~airflow_deferrable_kit._shared_polls.SharedAnswers`: reused while it started at
-        most ``max_age`` s ago, never after a failure, dropped ``keep`` s after its start)."""
-        return await self._answers.share(what, fetch, max_age=max_age, keep=keep)
+        most ``max_age`` s ago, dropped ``keep`` s after its start; a failure answers every caller
+        for its hold, a server's ``Retry-After`` honoured up to its cap)."""
+        return await self._answers.share(what, fetch, max_age=max_age, keep=keep, seen=seen, retry_after=retry_after_of)
 
     async def close(self) -> None:
         """Stop shared requests nobody waits for any more and close the client's pool."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -198,6 +199,37 @@ async def test_a_failed_shared_request_reaches_every_wait_and_is_not_reused(serv
     assert [t.__dict__["failures"] for t in triggers] == [[1]] * 20
     assert [seen.index for seen in server.requests][:2] == [0, 1]
     assert 2 <= len(server.requests) <= 1 + 20
+
+
+async def test_a_503_burst_draws_no_more_requests_than_healthy_polling(serve: Serve, connection: Conn) -> None:
+    """200 waits on one URL: while it answers 503 the server gets no more requests per second than
+    while it answered 200 (a 503 is an answer, shared in its window like any other, and each wait
+    backs off on its own). Rates, so the phases take a few real seconds; only counts are compared."""
+    state = {"answer": lambda: reply(200, {"state": "pending"})}
+    server = serve(lambda seen: state["answer"]())
+    conn = connection("batch_api", host="127.0.0.1", port=server.port)
+    n, phase = 200, 4.0
+    triggers = [wait(conn, poll_interval=1.0, max_backoff=1.0) for _ in range(n)]
+    tasks = start(triggers)
+    await settle(lambda: polls(triggers) >= 2 * n, attempts=3000)
+
+    healthy_from = time.monotonic()
+    await asyncio.sleep(phase)
+    state["answer"] = lambda: reply(503, "busy")
+    burst_from = time.monotonic()
+    await asyncio.sleep(phase)
+    state["answer"] = lambda: reply(200, {"state": "ready"})
+    burst_to = time.monotonic()
+
+    def rate(start: float, end: float) -> float:
+        return sum(1 for seen in server.requests if start <= seen.at < end) / (end - start)
+
+    healthy, burst = rate(healthy_from, burst_from), rate(burst_from, burst_to)
+    print(f"\nshared HTTP answer: {healthy:.1f} requests/s healthy, {burst:.1f} requests/s during a 503 burst")
+    assert burst <= healthy
+    assert all(t.__dict__.get("failures") for t in triggers)  # every wait saw the 503s
+    payloads = await asyncio.gather(*tasks)
+    assert [p["status"] for p in payloads] == ["success"] * n
 
 
 async def test_a_fatal_shared_answer_ends_each_wait_with_its_own_error(serve: Serve, connection: Conn) -> None:

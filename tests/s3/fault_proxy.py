@@ -9,6 +9,7 @@ which is how the tests count polls, retries and sockets instead of timing anythi
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +31,23 @@ class Seen:
     query: str = ""
     raw_path: str = ""  # as sent: percent-encoding intact, query string included
     headers: dict[str, str] = field(default_factory=dict, compare=False)  # lower-case names
+    at: float = field(default_factory=time.monotonic, compare=False)  # when the proxy received it
+
+
+@dataclass
+class Rule:
+    """A standing fault: every request ``match`` accepts is answered with this S3 error."""
+
+    match: Callable[[web.Request], bool]
+    status: int
+    code: str
+    message: str
+    headers: dict[str, str]
+
+
+def is_listing(request: web.Request) -> bool:
+    """Whether a request is a ``ListObjectsV2``."""
+    return request.method == "GET" and request.query.get("list-type") == "2"
 
 
 class FaultProxy:
@@ -39,6 +57,7 @@ class FaultProxy:
         self.peers: set[tuple[str, int]] = set()
         self._faults: list[tuple[int, str, str, dict[str, str]]] = []
         self._listing_faults: list[tuple[int, str, str, dict[str, str]]] = []
+        self._rules: list[Rule] = []
         self._gate: asyncio.Event | None = None
         self.held = 0
         self._runner: web.AppRunner | None = None
@@ -68,6 +87,19 @@ class FaultProxy:
         """Answer the next ``count`` requests (or only ``ListObjectsV2`` ones) with an S3 error."""
         headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
         (self._listing_faults if listings_only else self._faults).extend([(status, code, message, headers)] * count)
+
+    def refuse(
+        self,
+        match: Callable[[web.Request], bool],
+        status: int = 403,
+        code: str = "AccessDenied",
+        message: str = "Access Denied",
+        retry_after: float | None = None,
+    ) -> Callable[[], None]:
+        """Answer every request ``match`` accepts with an S3 error until the returned function is called."""
+        rule = Rule(match, status, code, message, {} if retry_after is None else {"Retry-After": str(retry_after)})
+        self._rules.append(rule)
+        return lambda: self._rules.remove(rule)
 
     def hold_requests(self) -> asyncio.Event:
         """Keep every request from now on waiting (counted in ``held``) until the event is set."""
@@ -111,10 +143,15 @@ class FaultProxy:
         if self._gate is not None and not self._gate.is_set():
             self.held += 1
             await self._gate.wait()
-        listing = request.method == "GET" and request.query.get("list-type") == "2"
+        arrived = time.monotonic()
+        listing = is_listing(request)
         faults = self._listing_faults if listing and self._listing_faults else self._faults
-        if faults:
-            status, code, message, headers = faults.pop(0)
+        rule = next((rule for rule in self._rules if rule.match(request)), None)
+        if rule is not None or faults:
+            if rule is not None:
+                status, code, message, headers = rule.status, rule.code, rule.message, rule.headers
+            else:
+                status, code, message, headers = faults.pop(0)
             self.seen.append(
                 Seen(
                     request.method,
@@ -124,6 +161,7 @@ class FaultProxy:
                     request.query_string,
                     request.raw_path,
                     _headers(request),
+                    arrived,
                 )
             )
             xml = (
@@ -158,6 +196,7 @@ class FaultProxy:
                 request.query_string,
                 request.raw_path,
                 _headers(request),
+                arrived,
             )
         )
         response = web.Response(

@@ -74,7 +74,7 @@ async def test_waits_on_one_prefix_share_listings_and_each_names_its_own_key(
     assert held_keys() == {}
 
 
-async def test_one_listing_in_flight_serves_every_wait_and_its_error_is_not_reused(
+async def test_one_listing_in_flight_serves_every_wait_and_each_gets_its_error_once(
     admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str
 ) -> None:
     await put_many(admin, bucket, [f"in/k-{i:02d}.csv" for i in range(20)])
@@ -102,7 +102,7 @@ async def test_one_listing_in_flight_serves_every_wait_and_its_error_is_not_reus
     assert [p["status"] for p in payloads] == ["success"] * 20
     assert [[k["key"] for k in p["keys"]] for p in payloads] == [[f"in/k-{i:02d}.csv"] for i in range(20)]
     assert proxy.count(injected=True) == 1
-    # Every wait got the shared listing's SlowDown once and backed off; the next polls listed again.
+    # Every wait got the shared listing's SlowDown once and backed off; after its hold, the next polls listed again.
     assert [[failures for failures, _ in t.__dict__["delays"]] for t in triggers] == [[1]] * 20
     assert proxy.count(injected=False) >= 1
 
