@@ -426,11 +426,12 @@ class DeferrableSensor(BaseSensorOperator):
             )
         return accepted
 
-    def pause_then_defer(self, deadline: str) -> NoReturn:
+    def pause_then_defer(self, deadline: str, refusals: int = 1) -> NoReturn:
         """Wait one ``poke_interval`` (in the triggerer) before deferring to the wait again.
 
         The candidates the worker's check refused are most likely still there, so deferring at
         once would resume the task at once, in a loop of worker slots until the deadline.
+        ``refusals`` (so far, this one included) travels along for the timeout message.
         """
         from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
 
@@ -444,11 +445,11 @@ class DeferrableSensor(BaseSensorOperator):
         self.defer(
             trigger=trigger,
             method_name="resume_after_pause",
-            kwargs={"deadline": deadline},
+            kwargs={"deadline": deadline, "refusals": refusals},
             timeout=timedelta(seconds=left) + BACKSTOP_GRACE,
         )
 
-    def resume_after_pause(self, context: Context, event: dict[str, Any], deadline: str) -> Any:
+    def resume_after_pause(self, context: Context, event: dict[str, Any], deadline: str, refusals: int = 1) -> Any:
         """After :meth:`pause_then_defer`: look again, or end on the deadline that passed meanwhile.
 
         The task is on a worker already and the refused candidate is most likely still there: a
@@ -458,10 +459,20 @@ class DeferrableSensor(BaseSensorOperator):
         worker's exit). So the worker looks once itself first, as :meth:`execute` does.
         """
         if isinstance(event, dict) and event.get("status") == SUCCESS:
-            return self.look_then_defer(deadline, context)
+            return self.look_then_defer(deadline, context, refusals)
+        if isinstance(event, dict) and event.get("status") == TIMEOUT:
+            # The pause's own trigger timed out: say what the wait was, not that a pause ended.
+            what = self.build_trigger(deadline=None).describe()
+            event = timeout_payload(f"{what}: deadline {deadline} passed{self._refused(refusals)}")
         return self.finish(event)
 
-    def look_then_defer(self, deadline: str, context: Context) -> Any:
+    def _refused(self, refusals: int) -> str:
+        """``; response_check said not yet to what the trigger found 3 time(s)``, or nothing."""
+        if not refusals or self.checks_in_worker() is None:
+            return ""
+        return f"; {self.checks_in_worker()} said not yet to what the trigger found {refusals} time(s)"
+
+    def look_then_defer(self, deadline: str, context: Context, refusals: int = 0) -> Any:
         """Look once here (``check_before_defer``): finish on an answer the worker's check lets
         stand, pause after one it refuses, defer to the wait on "not yet"."""
         if self.check_before_defer:
@@ -477,9 +488,9 @@ class DeferrableSensor(BaseSensorOperator):
                 _look_deadline.reset(token)
             if payload is not None:
                 if not self._stands(payload, context):
-                    self.pause_then_defer(deadline)
+                    self.pause_then_defer(deadline, refusals + 1)
                 return self.finish(payload)
-        self.defer_until(deadline)
+        self.defer_until(deadline, refusals)
 
     # ------------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
@@ -503,24 +514,28 @@ class DeferrableSensor(BaseSensorOperator):
             )
         super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
-    def defer_until(self, deadline: str) -> NoReturn:
+    def defer_until(self, deadline: str, refusals: int = 0) -> NoReturn:
         """Defer to the trigger with the given absolute deadline (re-deferrals pass the same one)."""
         trigger = self.build_trigger(deadline)
         left = max(trigger.seconds_left() or 0.0, 0.0)
         self.defer(
             trigger=trigger,
             method_name="execute_complete",
-            kwargs={"deadline": deadline},
+            kwargs={"deadline": deadline, **({"refusals": refusals} if refusals else {})},
             timeout=timedelta(seconds=left) + BACKSTOP_GRACE,
         )
 
-    def execute_complete(self, context: Context, event: dict[str, Any], deadline: str | None = None) -> Any:
+    def execute_complete(
+        self, context: Context, event: dict[str, Any], deadline: str | None = None, refusals: int = 0
+    ) -> Any:
         """Resume from the trigger: the payload becomes the XCom, or the task fails / skips.
 
         A success the worker's check refuses waits on, after a pause, within the same deadline.
         """
         if deadline is not None and not self._stands(event, context):
-            self.pause_then_defer(deadline)
+            self.pause_then_defer(deadline, refusals + 1)
+        if refusals and isinstance(event, dict) and event.get("status") == TIMEOUT:
+            event = {**event, "message": f"{event.get('message', '')}{self._refused(refusals)}"}
         return self.finish(event)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:

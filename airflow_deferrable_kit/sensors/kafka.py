@@ -237,8 +237,10 @@ class KafkaMessageSensor(DeferrableSensor):
             self.start_after_ms = self._first_moment_ms(context, or_run_start=False)
         return self._push_under_key(context, super().execute(context))
 
-    def execute_complete(self, context: Context, event: dict[str, Any], deadline: str | None = None) -> Any:
-        return self._push_under_key(context, super().execute_complete(context, event, deadline))
+    def execute_complete(
+        self, context: Context, event: dict[str, Any], deadline: str | None = None, refusals: int = 0
+    ) -> Any:
+        return self._push_under_key(context, super().execute_complete(context, event, deadline, refusals))
 
     def _push_under_key(self, context: Context, result: Any) -> Any:
         """The official ``xcom_push_key``: the payload under that key too (the return value stays)."""
@@ -326,7 +328,7 @@ class KafkaMessageSensor(DeferrableSensor):
             return int(started.timestamp() * 1000)
         return int(time.time() * 1000)
 
-    def look_then_defer(self, deadline: str, context: Context) -> Any:
+    def look_then_defer(self, deadline: str, context: Context, refusals: int = 0) -> Any:
         """Defer at once: the worker never scans a backlog (``check_before_defer`` is not used here).
 
         From ``earliest``, a group's ``committed`` offsets, an old ``start_after`` or a retry's
@@ -334,7 +336,7 @@ class KafkaMessageSensor(DeferrableSensor):
         trigger would then read it all again from the same start. The trigger's first poll is the
         first look, off the worker.
         """
-        self.defer_until(deadline)
+        self.defer_until(deadline, refusals)
 
     def _poll_in_worker(self) -> dict[str, Any] | None:
         # One bounded scan; in poke mode the next poke continues where this one stopped.

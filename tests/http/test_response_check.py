@@ -86,7 +86,7 @@ def test_a_false_answer_re_defers_within_the_same_deadline_then_true_succeeds(se
     with pytest.raises(TaskDeferred) as paused_again:  # after the pause the worker looks itself: refused
         task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
     assert isinstance(paused_again.value.trigger, DateTimeTrigger)
-    assert paused_again.value.kwargs == {"deadline": deadline}  # the clock is not restarted
+    assert paused_again.value.kwargs["deadline"] == deadline  # the clock is not restarted
     assert paused_again.value.trigger.deadline == deadline
 
     with pytest.raises(TaskDeferred) as waiting:  # the look says not yet (404): wait in the triggerer
@@ -99,7 +99,7 @@ def test_a_false_answer_re_defers_within_the_same_deadline_then_true_succeeds(se
     with pytest.raises(TaskDeferred) as paused_third:
         task.execute_complete(context, event, deadline=deadline)
     assert isinstance(paused_third.value.trigger, DateTimeTrigger)
-    assert paused_third.value.kwargs == {"deadline": deadline}
+    assert paused_third.value.kwargs == {"deadline": deadline, "refusals": 1}  # counted for the timeout message
 
     result = task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
     assert result["status"] == "success" and result["status_code"] == 200
@@ -115,8 +115,13 @@ def test_the_deadline_passing_while_paused_times_the_task_out(serve: Serve, conn
     context = make_context(task)
     with pytest.raises(TaskDeferred) as paused:
         task.execute(context)
-    with pytest.raises(AirflowSensorTimeout):
+    assert paused.value.kwargs["refusals"] == 1
+    with pytest.raises(AirflowSensorTimeout) as timed_out:
         task.resume_after_pause(context, {"status": "timeout", "message": "deadline passed"}, **paused.value.kwargs)
+    # The message names the HTTP wait and the refusals, not the pause that happened to end it.
+    message = str(timed_out.value)
+    assert "v1/batches/1/status" in message, message
+    assert "response_check said not yet to what the trigger found 1 time(s)" in message, message
 
 
 def test_the_callable_gets_a_requests_response(serve: Serve, connection: Conn) -> None:
@@ -328,7 +333,7 @@ def test_the_look_again_can_say_not_yet_or_fail(serve: Serve, connection: Conn) 
     with pytest.raises(TaskDeferred) as paused:  # the worker's look got a 404: not yet, wait on
         task.execute_complete(make_context(task), run(deferred_trigger(waiting)), **waiting.value.kwargs)
     assert isinstance(paused.value.trigger, DateTimeTrigger)
-    assert paused.value.kwargs == waiting.value.kwargs
+    assert paused.value.kwargs == {**waiting.value.kwargs, "refusals": 1}  # same deadline, one refusal counted
     with pytest.raises(WaitFailedError, match=r"authorization: .*returned 403"):  # a 403 fails, as the trigger's would
         task.execute_complete(make_context(task), run(deferred_trigger(waiting)), **waiting.value.kwargs)
     assert len(server.requests) == 4

@@ -64,19 +64,19 @@ def test_a_refusing_check_pauses_then_waits_again_within_the_same_deadline(
     with pytest.raises(TaskDeferred) as paused_again:
         task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
     assert isinstance(paused_again.value.trigger, DateTimeTrigger)
-    assert paused_again.value.kwargs == {"deadline": deadline}
+    assert paused_again.value.kwargs["deadline"] == deadline
     # Gone meanwhile: nothing to judge, so the S3 wait again, within the same deadline.
     s3_admin(s3_server.endpoint_url, ("delete_object", {"Bucket": bucket_with_small_file, "Key": "in/a.csv"}))
     with pytest.raises(TaskDeferred) as waiting:
         task.resume_after_pause(context, {"status": "success"}, deadline=deadline)
     assert isinstance(waiting.value.trigger, S3KeyTrigger)
-    assert waiting.value.kwargs == {"deadline": deadline}
+    assert waiting.value.kwargs["deadline"] == deadline
     assert waiting.value.trigger.deadline == deadline
 
     small = {"status": "success", "keys": [{"bucket": bucket_with_small_file, "key": "in/a.csv", "size": 5}]}
     with pytest.raises(TaskDeferred) as again:
         task.execute_complete(context, small, deadline=deadline)
-    assert again.value.kwargs == {"deadline": deadline}
+    assert again.value.kwargs["deadline"] == deadline
     big = {"status": "success", "keys": [{"bucket": bucket_with_small_file, "key": "in/a.csv", "size": 500}]}
     assert task.execute_complete(context, big, deadline=deadline) == big
 
