@@ -40,7 +40,8 @@ other than ``success``. Cells (``--cell``, default all):
                                       every request ends at the wait's ``request_timeout``
 ``postgres-batch/slow-query``         N waits of one query shape (one batched statement per
                                       round, ``statement_timeout`` 2 s); one more wait whose
-                                      row makes the query run 6 s (``pg_sleep``)
+                                      row, inserted at the start of the hold, makes the query
+                                      run 10 s (``pg_sleep``): past any batch's budget (8 s)
 ``kafka-topics/undecodable``          N waits on one connection over ``--topics`` topics; one
                                       more wait on a topic whose lz4 batch, produced at the
                                       start of the hold, this process cannot decode (as
@@ -98,9 +99,10 @@ LIMIT = 1.10
 POISON_KEY = "shared/poison.csv"
 POISON_ID = -1
 POISON_TOPIC = "poison"
-#: Postgres: every wait's ``statement_timeout`` and how long the poisoned row makes the query run.
+#: Postgres: every wait's ``statement_timeout`` and how long the poisoned row makes the query run:
+#: past the budget of a batch of any size (``statement_timeout`` x ``BUDGET_SCALE_MAX``, 4).
 PG_TIMEOUT_S = 2.0
-PG_SLOW_S = 6.0
+PG_SLOW_S = 10.0
 #: HTTP ``slow``: the poisoned wait's own request timeout (its requests never answer).
 HTTP_SLOW_TIMEOUT_S = 10.0
 
@@ -260,9 +262,11 @@ def poisoner_main(cell: Cell, poisoned: bool, endpoint: str, proxy: str | None, 
             region_name="us-east-1",
         )
         assert proxy is not None
-        post(f"{proxy}/__poison__/head403?key={BUCKET}/{POISON_KEY}")
 
         def act() -> None:
+            # 403 from the hold on (before, a HEAD of it says 404 as for any missing key); then the
+            # object appears, so a shared listing holds it and the wait HEADs it.
+            post(f"{proxy}/__poison__/head403?key={BUCKET}/{POISON_KEY}")
             s3.put_object(Bucket=BUCKET, Key=POISON_KEY, Body=b"a,b\n")
             if poisoned and cell.poison == "listing-slowdown":
                 post(f"{proxy}/__poison__/slowdown?seconds={hold / 2}")
@@ -277,10 +281,19 @@ def poisoner_main(cell: Cell, poisoned: bool, endpoint: str, proxy: str | None, 
                     BEGIN IF key = {POISON_ID} THEN PERFORM pg_sleep({PG_SLOW_S}); END IF; RETURN true; END $$"""
             )
             await conn.execute("CREATE VIEW markers_v AS SELECT * FROM markers WHERE slow_for(id)")
+            await conn.close()
+
+        async def insert() -> None:
+            # The poisoned wait's row appears at the start of the hold: from then on its query
+            # runs past the batch's budget (the first round) and its own timeout (every later one).
+            conn = await asyncpg.connect(endpoint)
             await conn.execute(f"INSERT INTO markers VALUES ({POISON_ID}, 'ready')")
             await conn.close()
 
         asyncio.run(prepare())
+
+        def act() -> None:
+            asyncio.run(insert())
     elif cell.mechanism == "kafka-topics":
         from aiokafka import AIOKafkaProducer
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic
