@@ -181,6 +181,11 @@ def deferral(
 
 def workloads(kind: str, impl: str, n: int, poll: float, target: str | None, topics: int, start_ms: int) -> list[Any]:
     """The ``RunTrigger`` workloads the supervisor hands the runner, one per wait."""
+    return run_trigger_workloads([deferral(kind, impl, i, poll, target, topics, start_ms) for i in range(n)])
+
+
+def run_trigger_workloads(deferrals: list[tuple[str, dict[str, Any], dt.timedelta | None]]) -> list[Any]:
+    """One ``RunTrigger`` per deferral (trigger id = index + 1), as the supervisor hands them to the runner."""
     import json
 
     from airflow.executors.workloads import RunTrigger, TaskInstanceDTO
@@ -188,8 +193,7 @@ def workloads(kind: str, impl: str, n: int, poll: float, target: str | None, top
     dag_version = uuid.uuid4()
     now = dt.datetime.now(dt.timezone.utc)
     out = []
-    for i in range(n):
-        classpath, kwargs, timeout = deferral(kind, impl, i, poll, target, topics, start_ms)
+    for i, (classpath, kwargs, timeout) in enumerate(deferrals):
         ti = TaskInstanceDTO(
             id=uuid.uuid4(),
             task_id=f"wait_{i}",

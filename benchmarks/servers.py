@@ -9,6 +9,9 @@
   an answer that is always 200: ``GET /state/{i}`` answers ``{"state": "pending"}`` until the
   flip, then ``{"state": "ready", "id": i}``; ``GET /items/{n}`` answers one document for ``n``
   items, ``{"items": {"i00000": "pending", ...}}``, each ``"ready"`` after the flip.
+  For the isolation benchmark, a poisoned wait's URLs (never counted as polls):
+  ``GET /poison/500`` always answers 500; ``GET /poison/slow`` answers only after an hour, so
+  the wait's own request timeout ends every request it makes.
 
 Both answer ``GET /__requests__`` with the number of requests served so far (that one not
 counted), so the benchmark divides CPU by the polls really made, not by the polls due.
@@ -19,6 +22,7 @@ Run ``python -m benchmarks.servers {s3|http} --port P``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from typing import Any
@@ -91,12 +95,21 @@ def serve_http(port: int) -> None:
     async def count(request: web.Request) -> web.Response:
         return web.json_response({"requests": state["requests"]})
 
+    async def poison_500(request: web.Request) -> web.Response:
+        return web.json_response({"error": "poisoned"}, status=500)
+
+    async def poison_slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        return web.json_response({"state": "ready"})
+
     app = web.Application()
     app.router.add_get(COUNT_PATH, count)
     app.router.add_get("/ready/{i}", ready)
     app.router.add_get("/state/{i}", item_state)
     app.router.add_get("/items/{n}", items)
     app.router.add_post("/flip", flip)
+    app.router.add_get("/poison/500", poison_500)
+    app.router.add_get("/poison/slow", poison_slow)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, keepalive_timeout=75)
 
 
