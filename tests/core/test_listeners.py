@@ -2,9 +2,9 @@
 
 Airflow's DagBag refuses every task with ``end_from_trigger=True`` while a listener is registered
 (``dag_processing/dagbag.py``): Airflow's own example listener plugin with ``load_examples=True``,
-every OpenLineage deployment. The kit's sensors then resume on a worker instead, and say so once.
-Each case parses in a fresh Airflow process, as the DAG processor would, since plugins are
-loaded once per process.
+every OpenLineage deployment (tested with the OpenLineage provider configured). The kit's sensors
+then resume on a worker instead, and say so once. Each case parses in a fresh Airflow process,
+as the DAG processor would, since plugins are loaded once per process.
 """
 
 from __future__ import annotations
@@ -89,6 +89,23 @@ def test_without_listeners_end_from_trigger_stays_on(tmp_path: Path) -> None:
     assert result["listeners"] is False and result["errors"] == {}
     assert any(result["end_from_trigger"].values())
     assert "end_from_trigger=True is turned off" not in result["output"]
+
+
+def test_the_example_dags_import_with_openlineage_configured(tmp_path: Path) -> None:
+    """The deployment most users have: the OpenLineage provider installed and given a transport,
+    which registers its listener in every Airflow process."""
+    result = parse(
+        EXAMPLE_DAGS,
+        tmp_path,
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__OPENLINEAGE__TRANSPORT='{"type": "console"}',
+        AIRFLOW__OPENLINEAGE__NAMESPACE="adk-test",
+    )
+    assert result["listeners"] is True, "the OpenLineage listener was not registered"
+    assert result["errors"] == {}
+    asked = [task for task, value in result["end_from_trigger"].items() if value is not None]
+    assert asked and not any(result["end_from_trigger"][task] for task in asked)
+    assert result["output"].count("end_from_trigger=True is turned off") == 1
 
 
 def test_airflow_refuses_end_from_trigger_with_a_listener_loaded(tmp_path: Path) -> None:
