@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_deferrable_kit import __version__
+from airflow_deferrable_kit.hooks import connection_types
 
 REPOSITORY_URL = "https://github.com/airflow-deferrable-kit/airflow-deferrable-kit"
 DOCS_URL = f"{REPOSITORY_URL}/tree/main/docs"
@@ -35,7 +36,7 @@ _MORE_TRIGGER_MODULES: dict[str, tuple[str, ...]] = {
     "postgres": ("postgres_events",),
     "http": ("http_events",),
     "kafka": ("kafka_events",),
-    "base": ("events",),
+    "base": ("events", "official_events"),
 }
 
 
@@ -75,4 +76,6 @@ def get_provider_info() -> dict[str, Any]:
             *({"integration-name": name, "python-modules": _trigger_modules(module)} for module, name, _, _ in _WAITS),
             {"integration-name": own_name, "python-modules": _trigger_modules("base")},
         ],
+        # Only the types whose official provider is absent: never in place of the official forms.
+        "connection-types": connection_types(),
     }

@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the worker side, and helpers for users' tests
     ("sensors", "testing", "testing_events"),
     # tools and metadata
-    ("audit", "cli", "get_provider_info"),
+    ("audit", "cli", "get_provider_info", "hooks"),
 )
 
 #: The private client packages: none imports another.

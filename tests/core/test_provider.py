@@ -121,3 +121,30 @@ def test_trigger_modules_import_nothing_from_the_sensor_side() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, f"trigger modules pull in sensor code: {result.stdout}{result.stderr[-500:]}"
+
+
+def test_the_connection_types_the_waits_read_are_offered_where_no_official_provider_declares_them() -> None:
+    """Without the official amazon, http, postgres and apache-kafka providers (as in this test
+    environment) Airflow's UI still offers every connection type a wait reads, through the kit."""
+    from airflow_deferrable_kit import hooks
+    from airflow_deferrable_kit.hooks import HOOKS, connection_types
+
+    declared = {entry["connection-type"]: entry["hook-class-name"] for entry in connection_types()}
+    absent = {hook.conn_type for hook in HOOKS if not hooks._installed(hook.official_module)}
+    assert absent == {"aws", "http", "postgres", "kafka"}  # the premise of this test
+    assert set(declared) == absent
+    registered = ProvidersManager().hooks
+    for conn_type in absent:
+        info = registered[conn_type]
+        assert info is not None and info.package_name == "airflow-deferrable-kit", conn_type
+        assert info.connection_id_attribute_name.endswith("_id")
+    behaviour = hooks.AwsConnectionHook.get_ui_field_behaviour()
+    assert behaviour["relabeling"]["login"] == "AWS Access Key ID" and "port" in behaviour["hidden_fields"]
+
+
+def test_a_connection_type_is_never_declared_beside_its_official_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the official provider installed its own hook and form are the ones Airflow shows."""
+    from airflow_deferrable_kit import hooks
+
+    monkeypatch.setattr(hooks, "_installed", lambda module: module == "airflow.providers.amazon")
+    assert {entry["connection-type"] for entry in hooks.connection_types()} == {"http", "postgres", "kafka"}
