@@ -80,3 +80,28 @@ async def test_a_short_callback_slowed_by_other_processes_is_preempted_not_block
     assert blocked == [], blocked
     assert blocked.preempted, "no callback took long: the CPU was not crowded, the test proves nothing"
     assert all("CPU 0.0" in line for line in blocked.preempted), blocked.preempted
+
+
+async def test_debug_modes_future_tracebacks_are_not_blamed_on_the_callback_but_real_work_is() -> None:
+    """asyncio's debug mode records where each future was created (~0.5 ms each): a callback
+    creating 2,000 futures costs nothing of that without debug mode, so it is not reported; a
+    callback that computes for 0.15 s still is."""
+    loop = asyncio.get_running_loop()
+
+    def many_futures() -> None:
+        for _ in range(2000):
+            loop.create_future()
+
+    def busy() -> None:
+        end = time.thread_time() + 0.15
+        while time.thread_time() < end:
+            pass
+
+    with watch_blocking(0.1) as blocked:
+        loop.call_soon(many_futures)
+        await asyncio.sleep(0.01)
+    assert blocked == []
+    with watch_blocking(0.1) as blocked:
+        loop.call_soon(busy)
+        await asyncio.sleep(0.01)
+    assert len(blocked) == 1 and "busy" in blocked[0]
