@@ -1,8 +1,9 @@
 """Wait until an HTTP endpoint says a batch is ready, deferrable, with readiness declared as data.
 
-The official ``response_check`` callable is taken too and still defers: the trigger finds a
-candidate (a response the conditions accept), the event carries that response, and the callable
-judges it in the worker on resume, as a ``requests.Response`` (see
+The official ``response_check`` callable is taken too and still defers. When the triggerer can
+import it (:func:`triggerer_path`) the trigger judges each answer with it, as its predicate;
+otherwise the trigger finds a candidate (a response the conditions accept), the event carries that
+response, and the callable judges it in the worker on resume, as a ``requests.Response`` (see
 :meth:`HttpBatchReadySensor.accepts_in_worker`).
 """
 
