@@ -9,10 +9,10 @@ pyproject.toml; the integration links below point at the page of each wait in th
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from airflow_deferrable_kit import __version__
-from airflow_deferrable_kit.hooks import connection_types
 
 REPOSITORY_URL = "https://github.com/airflow-deferrable-kit/airflow-deferrable-kit"
 DOCS_URL = f"{REPOSITORY_URL}/tree/main/docs"
@@ -38,6 +38,35 @@ _MORE_TRIGGER_MODULES: dict[str, tuple[str, ...]] = {
     "kafka": ("kafka_events",),
     "base": ("events", "official_events"),
 }
+
+# The connection types the waits read: (type, hook class in airflow_deferrable_kit.hooks, its UI
+# name, the official provider that declares the type itself). Named, not imported: the hooks
+# import Airflow's hook machinery, which may itself be reading this provider's info.
+CONNECTION_TYPES: tuple[tuple[str, str, str, str], ...] = (
+    ("aws", "AwsConnectionHook", "Amazon Web Services", "airflow.providers.amazon"),
+    ("http", "HttpConnectionHook", "HTTP", "airflow.providers.http"),
+    ("postgres", "PostgresConnectionHook", "Postgres", "airflow.providers.postgres"),
+    ("kafka", "KafkaConnectionHook", "Apache Kafka", "airflow.providers.apache.kafka"),
+)
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (a missing parent package counts as not installed)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def connection_types() -> list[dict[str, str]]:
+    """Each connection type the waits read whose official provider is not installed (where it
+    is, its own hook and form are the ones Airflow shows: Airflow keeps the first provider to
+    register a type, and this package's name sorts before the official ones)."""
+    return [
+        {"connection-type": conn_type, "hook-class-name": f"airflow_deferrable_kit.hooks.{hook}", "hook-name": name}
+        for conn_type, hook, name, official in CONNECTION_TYPES
+        if not installed(official)
+    ]
 
 
 def _trigger_modules(module: str) -> list[str]:

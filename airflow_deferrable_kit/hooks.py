@@ -4,13 +4,13 @@ The kit reads ``aws``, ``http``, ``postgres`` and ``kafka`` connections itself (
 asynchronously); it needs no hook to use them. But Airflow's UI offers a connection type only if
 an installed provider declares it with a hook class, so on an Airflow without the official
 amazon, http, postgres or apache-kafka provider a user could not create the connection a wait
-needs. These classes fill that gap and nothing more: :func:`connection_types` declares one only
-where its official provider is absent, so they never shadow the official forms.
+needs. These classes fill that gap and nothing more: ``get_provider_info`` declares one only
+where its official provider is absent, so they never shadow the official forms (it names them
+without importing this module, which imports Airflow's hook machinery).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
@@ -87,32 +87,3 @@ class KafkaConnectionHook(KitConnectionHook):
     hidden_fields = ["schema"]
     relabeling = {"host": "Bootstrap servers"}
     placeholders = {"host": "broker-1:9092,broker-2:9092", "extra": '{"security.protocol": "SASL_SSL"}'}
-
-
-HOOKS: tuple[type[KitConnectionHook], ...] = (
-    AwsConnectionHook,
-    HttpConnectionHook,
-    PostgresConnectionHook,
-    KafkaConnectionHook,
-)
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def connection_types() -> list[dict[str, str]]:
-    """The provider info's ``connection-types``: each type the kit reads whose official provider
-    is not installed (where it is, its own hook and form are the ones Airflow shows)."""
-    return [
-        {
-            "connection-type": hook.conn_type,
-            "hook-class-name": f"{hook.__module__}.{hook.__qualname__}",
-            "hook-name": hook.hook_name,
-        }
-        for hook in HOOKS
-        if not _installed(hook.official_module)
-    ]

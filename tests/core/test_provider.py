@@ -126,13 +126,16 @@ def test_trigger_modules_import_nothing_from_the_sensor_side() -> None:
 def test_the_connection_types_the_waits_read_are_offered_where_no_official_provider_declares_them() -> None:
     """Without the official amazon, http, postgres and apache-kafka providers (as in this test
     environment) Airflow's UI still offers every connection type a wait reads, through the kit."""
+    from airflow_deferrable_kit import get_provider_info as info_module
     from airflow_deferrable_kit import hooks
-    from airflow_deferrable_kit.hooks import HOOKS, connection_types
 
-    declared = {entry["connection-type"]: entry["hook-class-name"] for entry in connection_types()}
-    absent = {hook.conn_type for hook in HOOKS if not hooks._installed(hook.official_module)}
+    declared = {entry["connection-type"]: entry["hook-class-name"] for entry in info_module.connection_types()}
+    absent = {row[0] for row in info_module.CONNECTION_TYPES if not info_module.installed(row[3])}
     assert absent == {"aws", "http", "postgres", "kafka"}  # the premise of this test
     assert set(declared) == absent
+    for conn_type, hook_name, ui_name, official in info_module.CONNECTION_TYPES:  # the table matches the classes
+        hook = getattr(hooks, hook_name)
+        assert (hook.conn_type, hook.hook_name, hook.official_module) == (conn_type, ui_name, official)
     registered = ProvidersManager().hooks
     for conn_type in absent:
         info = registered[conn_type]
@@ -144,7 +147,7 @@ def test_the_connection_types_the_waits_read_are_offered_where_no_official_provi
 
 def test_a_connection_type_is_never_declared_beside_its_official_provider(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the official provider installed its own hook and form are the ones Airflow shows."""
-    from airflow_deferrable_kit import hooks
+    from airflow_deferrable_kit import get_provider_info as info_module
 
-    monkeypatch.setattr(hooks, "_installed", lambda module: module == "airflow.providers.amazon")
-    assert {entry["connection-type"] for entry in hooks.connection_types()} == {"http", "postgres", "kafka"}
+    monkeypatch.setattr(info_module, "installed", lambda module: module == "airflow.providers.amazon")
+    assert {entry["connection-type"] for entry in info_module.connection_types()} == {"http", "postgres", "kafka"}
