@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
@@ -73,6 +74,8 @@ class Board:
         self.poke = asyncio.Event()
         #: Set whenever a subscriber's cursor moves (the producer catching up waits for it).
         self.moved = asyncio.Event()
+        #: When a subscriber last fired an event (the clock's time; the producer paces its looks).
+        self.last_fired = -math.inf
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -83,6 +86,10 @@ class Board:
             self.clean_through = seq
             for listener in list(self._listeners):
                 listener()
+
+    def fired(self, moment: float) -> None:
+        """A subscriber fired an event at ``moment``."""
+        self.last_fired = max(self.last_fired, moment)
 
     def listen(self, callback: Callable[[], None]) -> Callable[[], None]:
         self._listeners.add(callback)

@@ -9,7 +9,7 @@ between an event being fired and being stored, then start again from the same st
     async with WatcherHarness() as triggerer:
         watch = await triggerer.start(MyEventTrigger(...))
         ... make something happen ...
-        await watch.wait_for_events(1)
+        await watch.wait_for_events(1)  # or wait_for_items(n): what the events carry
     # a restart: the same stores, a new trigger
     async with WatcherHarness(stores=triggerer.stores) as again:
         watch = await again.start(MyEventTrigger(...))
@@ -42,6 +42,31 @@ class Watch:
     @property
     def payloads(self) -> list[Any]:
         return [event.payload for event in self.events]
+
+    @property
+    def items(self) -> list[Any]:
+        """What the events carry, one entry per item: an event of items (S3 objects, Postgres rows,
+        Kafka messages: ``{"items": [...], "count": n}``) gives each of its items, any other its payload."""
+        found: list[Any] = []
+        for payload in self.payloads:
+            if isinstance(payload, dict) and isinstance(payload.get("items"), list):
+                found.extend(payload["items"])
+            else:
+                found.append(payload)
+        return found
+
+    async def wait_for_items(self, count: int, *, timeout: float = 30.0) -> list[Any]:
+        """Wait until the events fired carry ``count`` items (see :attr:`items`); the items."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while len(self.items) < count:
+            if self.task is not None and self.task.done():
+                self.task.result()
+                raise AssertionError(f"the trigger ended after {len(self.items)} of {count} items")
+            if loop.time() > end:
+                raise AssertionError(f"{len(self.items)} of {count} items within {timeout}s: {self.payloads}")
+            await asyncio.sleep(0.01)
+        return self.items
 
     async def wait_for_events(self, count: int, *, timeout: float = 30.0) -> list[Any]:
         """Wait until ``count`` events were fired (and fail if the trigger died); their payloads."""

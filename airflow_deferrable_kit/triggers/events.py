@@ -32,11 +32,13 @@ import dataclasses
 import datetime as dt
 import importlib
 import json
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._asset_state import WatermarkStore, watermark_key
 from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._event_streams import (
@@ -51,14 +53,14 @@ from airflow_deferrable_kit._event_streams import (
 )
 from airflow_deferrable_kit._redact import redact, redact_value
 from airflow_deferrable_kit.errors import ConditionFailed, TransientError, WaitError, describe_exception
-from airflow_deferrable_kit.payload import Found, fit_payload, json_safe
+from airflow_deferrable_kit.payload import Found, fit_payload, json_safe, json_size
 from airflow_deferrable_kit.triggers.base import PollingTrigger, register_event_form
 
 #: Parameters of a wait that an event trigger, which never ends, cannot take.
 WAIT_ONLY: Final = ("deadline", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push")
 #: Parameters that say how often or how hard to look, never what is watched: left out of the
 #: watermark's key, so changing them keeps the watermark.
-HOW_TO_LOOK: Final = ("poll_interval", "max_backoff", "backfill")
+HOW_TO_LOOK: Final = ("poll_interval", "max_backoff", "backfill", "min_event_interval")
 #: After a wake-up (a notification, a new subscriber), the next poll still waits this long
 #: after the previous one started, so a storm of wake-ups cannot become a storm of polls.
 MIN_WAKE_GAP: Final = 0.25
@@ -67,6 +69,11 @@ LOAD_RETRY_BASE, LOAD_RETRY_CAP = 0.5, 30.0
 #: A watcher the triggerer could not build (a missing extra, an unimportable wait, a bad
 #: argument) tries again with this backoff: deploying the fix and nothing else brings it back.
 UNBUILT_RETRY_BASE, UNBUILT_RETRY_CAP = 5.0, 300.0
+#: Seconds between two asset events of one watcher, by default (see ``min_event_interval``).
+MIN_EVENT_INTERVAL: Final = 5.0
+#: The items one asset event carries at most, in bytes of JSON (each item is cut to fit the
+#: kit's payload size first): a look that found more is fired as several events, spaced.
+MAX_EVENT_BYTES: Final = 512 * 1024
 #: The key a list travels under in the kwargs of an event trigger (see :func:`portable_kwargs`).
 LIST_KEY: Final = "__adk_list__"
 
@@ -107,6 +114,28 @@ def event_payload(data: Mapping[str, Any]) -> dict[str, Any]:
     return fit_payload(redact_value(json_safe(dict(data))))
 
 
+def item_events(items: Sequence[dict[str, Any]], limit: int = MAX_EVENT_BYTES) -> list[dict[str, Any]]:
+    """The payloads of the events that carry ``items``: ``{"items": [...], "count": n}``, in order.
+
+    As many items as fit ``limit`` bytes go into one event (at least one, each already cut to
+    the kit's payload size), so a look that found a thousand small objects is one asset event,
+    which one DAG run consumes whole.
+    """
+    events: list[dict[str, Any]] = []
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for item in items:
+        item_size = json_size(item) + 1
+        if chunk and size + item_size > limit:
+            events.append({"items": chunk, "count": len(chunk)})
+            chunk, size = [], 0
+        chunk.append(item)
+        size += item_size
+    if chunk:
+        events.append({"items": chunk, "count": len(chunk)})
+    return events
+
+
 def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat()
 
@@ -125,7 +154,11 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
     """
 
     backfill: bool = False
+    min_event_interval: float = MIN_EVENT_INTERVAL
 
+    #: Whether a look finds items (objects, rows, messages) fired together as ``{"items": [...]}``
+    #: (:func:`item_events`), or edges (a condition becoming true) fired one payload each.
+    fires_items: ClassVar[bool] = False
     #: Parameters of the subclass that say how to look, not what: not part of the watermark key.
     tuning_parameters: ClassVar[tuple[str, ...]] = ()
 
@@ -141,6 +174,9 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
                 )
         if not isinstance(self.backfill, bool):
             raise ValueError(f"backfill must be True or False, got {self.backfill!r}")
+        self.min_event_interval = require_seconds(
+            self.min_event_interval, argument="min_event_interval", allow_zero=True
+        )
         super().__post_init__()
 
     @classmethod
@@ -149,6 +185,10 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         classpath, kwargs = super().serialize()
+        if kwargs.get("min_event_interval") == MIN_EVENT_INTERVAL:
+            # The default is left out: Airflow identifies a watcher by a hash of its kwargs, and
+            # a watcher stored before this parameter existed keeps its identity.
+            del kwargs["min_event_interval"]
         return classpath, portable_kwargs(kwargs)
 
     def as_event_trigger(self, **options: Any) -> EventTrigger:
@@ -164,7 +204,11 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         on its own (a pattern, the conditions).
         """
         kwargs = self.serialize()[1]
-        return {name: value for name, value in kwargs.items() if name not in ("backfill", "poll_interval")}
+        return {
+            name: value
+            for name, value in kwargs.items()
+            if name not in ("backfill", "poll_interval", "min_event_interval")
+        }
 
     async def poll(self, board: Board) -> Any:
         """One look at the upstream (runs on one trigger of the group, for all of them)."""
@@ -207,7 +251,13 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         if self._unbuilt is not None:
             return None  # alone, in run(), until it can be built
         identity = json.dumps(self.stream_identity(), sort_keys=True, separators=(",", ":"))
-        return ("airflow_deferrable_kit", self.serialize()[0], identity, float(self.poll_interval))
+        return (
+            "airflow_deferrable_kit",
+            self.serialize()[0],
+            identity,
+            float(self.poll_interval),
+            float(self.min_event_interval),
+        )
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> EventProducer:
@@ -222,6 +272,13 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         # is shortened by a random part of one interval, as the waits' is.
         phased = not self.spread_polls
         while True:
+            # Items: no look sooner than min_event_interval after the group's last event, so what
+            # appears meanwhile is found by one look and is one event (see filter_shared_stream).
+            # Edges are looked at every poll_interval (a look skipped could miss one); only the
+            # firing is spaced.
+            pause = board.last_fired + float(self.min_event_interval) - self.clock.time()
+            if self.fires_items and pause > 0:
+                await self.clock.sleep(pause)
             started = asyncio.get_running_loop().time()
             await self.clock.sleep(0)  # a turn: groups started together poll a few per loop turn
             try:
@@ -292,6 +349,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         state = await self._load(store)
         board = acquire_board(self.shared_stream_key())
         committer = Committer(store, board, describe=self.describe())
+        last_fired = -math.inf
         try:
             self.follow(board, state)
             gate = judging_gate()
@@ -307,8 +365,15 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
                 if derived is None:
                     continue
                 payloads, new_state = derived
-                for payload in payloads:
+                for payload in item_events(payloads) if self.fires_items else payloads:
+                    # Spaced: an event stored while the run the previous one queued is not
+                    # created yet would join no run until another event came.
+                    pause = last_fired + float(self.min_event_interval) - self.clock.time()
+                    if pause > 0:
+                        await self.clock.sleep(pause)
                     yield TriggerEvent(payload)
+                    last_fired = self.clock.time()
+                    board.fired(last_fired)
                 if new_state != state:
                     state = new_state
                     committer.stage(raw.seq, state)

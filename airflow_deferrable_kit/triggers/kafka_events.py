@@ -97,6 +97,8 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
     (``topic[partition]@offset``, the message's identity to deduplicate on).
     """
 
+    fires_items: ClassVar[bool] = True
+
     poll_interval: float = 5.0
     kafka_config_id: str | None = None
     apply_function: str | None = None

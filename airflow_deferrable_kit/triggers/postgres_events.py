@@ -84,6 +84,8 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
     ``matched`` (the deciding condition), ``cursor`` (its order and key values) and ``event_id``.
     """
 
+    fires_items: ClassVar[bool] = True
+
     order_column: str = ""
     key_column: str | None = None
     batch_size: int = 500

@@ -119,6 +119,8 @@ class S3KeyEventTrigger(EventTrigger, S3KeyTrigger):
     ``event_id`` made of them.
     """
 
+    fires_items: ClassVar[bool] = True
+
     lookback: float = 3600.0
     poll_interval: float = 60.0
 

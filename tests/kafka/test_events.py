@@ -44,7 +44,7 @@ def watcher(topic: str | list[str], conn: str, **kwargs: Any) -> KafkaMessageEve
 
 
 def coordinates(watch: Watch) -> list[tuple[int, int]]:
-    return sorted((p["partition"], p["offset"]) for p in watch.payloads)
+    return sorted((p["partition"], p["offset"]) for p in watch.items)
 
 
 def stream_waiters(conn: str, topic: str) -> list[StreamWaiter]:
@@ -126,12 +126,12 @@ async def test_each_matching_message_fires_once_with_its_coordinates_and_old_one
                 Message(None, key="gone", partition=2),  # a tombstone: never fires
                 Message({"kind": "order", "n": 6}, key="k6", partition=1),
             )
-            await watch.wait_for_events(7)
+            await watch.wait_for_items(7)
             await quiet()
         assert blocked == []
     expected = [made[i] for i in (*range(6), 9)]
     assert coordinates(watch) == sorted(expected)
-    first = next(p for p in watch.payloads if p["key"] == "k0")
+    first = next(p for p in watch.items if p["key"] == "k0")
     assert first["topic"] == topic and first["value"] == {"kind": "order", "n": 0}
     assert first["event_id"] == f"{topic}[{first['partition']}]@{first['offset']}"
     assert first["kafka_conn_id"] == kafka_conn and first["value_format"] == "json"
@@ -139,7 +139,7 @@ async def test_each_matching_message_fires_once_with_its_coordinates_and_old_one
     assert first["value_truncated"] is False and first["timestamp"] > 0
     # In offset order per partition.
     for partition in range(3):
-        offsets = [p["offset"] for p in watch.payloads if p["partition"] == partition]
+        offsets = [p["offset"] for p in watch.items if p["partition"] == partition]
         assert offsets == sorted(offsets)
     assert held_keys() == {} and live_boards() == {}
 
@@ -150,12 +150,12 @@ async def test_with_no_condition_every_message_fires_and_backfill_reads_the_reta
     old = await produce(bootstrap, topic, *(Message({"n": i}, partition=i % 3) for i in range(5)))
     async with WatcherHarness() as triggerer:
         watch = await triggerer.start(watcher(topic, kafka_conn, backfill=True))
-        await watch.wait_for_events(5)
+        await watch.wait_for_items(5)
         new = await produce(bootstrap, topic, Message({"n": 5}, partition=0))
-        await watch.wait_for_events(6)
+        await watch.wait_for_items(6)
         await quiet()
     assert coordinates(watch) == sorted(old + new)
-    assert watch.payloads[0]["matched"]["comparator"] == "every message"
+    assert watch.items[0]["matched"]["comparator"] == "every message"
 
 
 async def test_failure_conditions_and_a_raising_predicate_do_not_fire(
@@ -181,8 +181,8 @@ async def test_failure_conditions_and_a_raising_predicate_do_not_fire(
             Message({"state": "done", "items": [5]}, partition=0),  # the predicate says no
             Message({"state": "done", "items": [60, 60]}, partition=0),
         )
-        await watch.wait_for_events(4)
-        await other.wait_for_events(2)
+        await watch.wait_for_items(4)
+        await other.wait_for_items(2)
         await quiet()
     assert coordinates(watch) == made[1:]
     assert coordinates(other) == [made[0], made[1], made[4]]
@@ -196,7 +196,7 @@ async def test_a_restart_neither_repeats_stored_events_nor_skips_what_arrived_wh
         watch = await first.start(watcher(topic, kafka_conn))
         await started(watch)
         before = await produce(bootstrap, topic, *(Message({"n": i}, partition=i % 3) for i in range(6)))
-        await watch.wait_for_events(6)
+        await watch.wait_for_items(6)
         saved = watch.stores["asset"]
         await eventually(lambda: _saved_offsets(saved) == _next_offsets(before))
     assert coordinates(watch) == sorted(before)
@@ -204,16 +204,16 @@ async def test_a_restart_neither_repeats_stored_events_nor_skips_what_arrived_wh
     second = WatcherHarness(stores=first.stores, auto_store=False)
     async with second:
         watch = await second.start(watcher(topic, kafka_conn))
-        await watch.wait_for_events(4)
+        await watch.wait_for_items(4)
         await quiet()
         assert coordinates(watch) == sorted(down)  # what arrived while down; nothing stored before
         # dies before the events are stored
     assert _saved_offsets(first.stores.get("asset")) == _next_offsets(before)
     async with WatcherHarness(stores=second.stores) as third:
         watch = await third.start(watcher(topic, kafka_conn))
-        await watch.wait_for_events(4)
+        await watch.wait_for_items(4)
         later = await produce(bootstrap, topic, Message({"n": 10}, partition=1))
-        await watch.wait_for_events(5)
+        await watch.wait_for_items(5)
         await quiet()
     assert coordinates(watch) == sorted(down + later)  # fired again, never lost; nothing older
 
@@ -244,9 +244,9 @@ async def test_a_watcher_that_joins_later_from_an_older_watermark_gets_the_strea
         a = await second.start(watcher(topic, kafka_conn, acceptors=[key_is("a")]), assets=("a",))
         await started(a, "a")
         made = await produce(bootstrap, topic, *(Message({"n": i}, key="ab"[i % 2], partition=0) for i in range(8)))
-        await a.wait_for_events(4)
+        await a.wait_for_items(4)
         b = await second.start(watcher(topic, kafka_conn, acceptors=[key_is("b")]), assets=("b",))
-        await b.wait_for_events(4)
+        await b.wait_for_items(4)
         await quiet()
     assert coordinates(a) == made[0::2] and coordinates(b) == made[1::2]
 
@@ -272,7 +272,7 @@ async def test_a_hundred_watchers_of_one_topic_share_one_consumer(
             await started(watch, f"asset-{i}")
         made = await produce(bootstrap, topic, *(Message({"n": i}, key=f"k{i:03d}") for i in range(100)))
         for watch in watches:
-            await watch.wait_for_events(1)
+            await watch.wait_for_items(1)
         await quiet()
         waiters = stream_waiters(kafka_conn, topic)
     for i, watch in enumerate(watches):
@@ -294,7 +294,7 @@ async def test_partitions_added_later_are_read_from_their_beginning(
         await recreate_topic(bootstrap, name, partitions=3)  # tansu has no CreatePartitions
         await eventually(lambda: len(connection_for(kafka_conn).topics[name].positions) == 3)
         made = await produce(bootstrap, name, *(Message({"n": p}, partition=p) for p in range(3)))
-        await watch.wait_for_events(2)
+        await watch.wait_for_items(2)
         await quiet(1.0)
     fired = coordinates(watch)
     assert (1, made[1][1]) in fired and (2, made[2][1]) in fired  # the new partitions, from offset 0
@@ -309,7 +309,7 @@ async def test_a_topic_created_later_is_waited_for_and_read_from_its_beginning(
         await started(watch)
         await create_topic(bootstrap, name, partitions=1)
         made = await produce(bootstrap, name, Message({"n": 1}, partition=0), Message({"n": 2}, partition=0))
-        await watch.wait_for_events(2)
+        await watch.wait_for_items(2)
     assert coordinates(watch) == made
 
 
@@ -322,7 +322,7 @@ async def test_a_burst_larger_than_the_stream_queue_is_read_on_at_its_own_pace_w
         watch = await triggerer.start(watcher(topic, kafka_conn))
         await started(watch)
         made = await produce(bootstrap, topic, *(Message({"n": i}, partition=i % 3) for i in range(600)))
-        await watch.wait_for_events(600)
+        await watch.wait_for_items(600)
         await quiet()
         [waiter] = stream_waiters(kafka_conn, topic)
     assert coordinates(watch) == sorted(made)  # each once
@@ -341,7 +341,7 @@ async def test_messages_that_fire_nothing_do_not_write_the_watermark_each_batch(
             await quiet(0.4)
         assert store.writes == 1  # only the starting point: skipped messages move it in memory
         made = await produce(bootstrap, topic, Message({"n": 5}, key="wanted", partition=0))
-        await watch.wait_for_events(1)
+        await watch.wait_for_items(1)
         await eventually(lambda: store.writes == 2)
         assert _saved_offsets(store) == _next_offsets(made)  # the skipped ones are covered too
 
@@ -363,11 +363,11 @@ async def test_a_log_end_reported_below_the_stream_never_fires_a_message_twice(
             await asyncio.gather(*sent)
         finally:
             await producer.stop()
-        await watch.wait_for_events(1000)
+        await watch.wait_for_items(1000)
         await eventually(lambda: "went below the watched position" in caplog.text, timeout=20)
         await quiet(1.0)
     assert "past the log end" in caplog.text  # the reader moved back...
-    assert len(watch.payloads) == len(set(coordinates(watch))) == 1000  # ...and nothing fired twice
+    assert len(watch.items) == len(set(coordinates(watch))) == 1000  # ...and nothing fired twice
 
 
 def test_the_example_dag_parses_and_airflow_would_attach_its_watcher() -> None:
@@ -415,7 +415,7 @@ async def test_a_read_that_fails_midway_is_read_again_nothing_skipped(
     monkeypatch.setattr(TopicsStream, "_catch_up", fails_once_after_reading)
     async with WatcherHarness(stores=first.stores) as second:
         watch = await second.start(watcher(topic, kafka_conn, max_backoff=0.2))
-        await watch.wait_for_events(30)
+        await watch.wait_for_items(30)
         await quiet()
     assert failures and failures[0] > 0
     assert coordinates(watch) == sorted(backlog)  # each once: the failed read's messages were read again
@@ -430,13 +430,13 @@ async def test_a_watcher_of_two_topics_restarts_on_both_from_its_watermark(boots
         await started(watch)
         await produce(bootstrap, first_topic, Message({"n": 0}, partition=0))
         await produce(bootstrap, second_topic, Message({"n": 1}, partition=0))
-        await watch.wait_for_events(2)
+        await watch.wait_for_items(2)
         await eventually(lambda: first.stores.get("asset").writes >= 2)
         await quiet()
     await produce(bootstrap, first_topic, Message({"n": 2}, partition=1), Message({"n": 3}, partition=0))
     await produce(bootstrap, second_topic, Message({"n": 4}, partition=0))
     async with WatcherHarness(stores=first.stores) as second:
         watch = await second.start(watcher(list(reversed(topics)), kafka_conn))  # the same watcher
-        await watch.wait_for_events(3)
+        await watch.wait_for_items(3)
         await quiet()
-    assert sorted(p["value"]["n"] for p in watch.payloads) == [2, 3, 4]
+    assert sorted(p["value"]["n"] for p in watch.items) == [2, 3, 4]

@@ -100,14 +100,14 @@ async def test_every_codec_is_read_by_waits_and_watchers(bootstrap: str, kafka_c
             await produce_compressed(bootstrap, topic, codec, [f"k{i}" for i in range(n, 24, 4)])
         payloads = [(await task).payload for task in tasks]
         for watch in watches:
-            await watch.wait_for_events(6)
+            await watch.wait_for_items(6)
     assert [p["status"] for p in payloads] == ["success"] * 24, payloads
     assert [(p["topic"], p["key"], p["value"]) for p in payloads] == [
         (topics[i % 4], f"k{i}", {"codec": CODECS[i % 4]}) for i in range(24)
     ]
     for watch, codec in zip(watches, CODECS, strict=True):
-        assert sorted(p["key"] for p in watch.payloads) == sorted(f"k{i}" for i in range(CODECS.index(codec), 24, 4))
-        assert {p["value"]["codec"] for p in watch.payloads} == {codec}
+        assert sorted(p["key"] for p in watch.items) == sorted(f"k{i}" for i in range(CODECS.index(codec), 24, 4))
+        assert {p["value"]["codec"] for p in watch.items} == {codec}
     assert held_keys() == {}
 
 
@@ -181,9 +181,9 @@ async def test_a_watcher_of_another_topic_goes_on_past_an_undecodable_batch(
                 bootstrap, [(topics[i % 4], Message({"round": round_}, key=f"k{i}")) for i in range(20)]
             )
             for watch in good:
-                await watch.wait_for_events(round_ + 1)
-        assert bad.payloads == []
-    assert [[p["value"]["round"] for p in watch.payloads] for watch in good] == [[0, 1]] * 20
+                await watch.wait_for_items(round_ + 1)
+        assert bad.items == []
+    assert [[p["value"]["round"] for p in watch.items] for watch in good] == [[0, 1]] * 20
     assert held_keys() == {}
 
 

@@ -24,9 +24,9 @@ async def test_the_example_apply_function_fires_once_per_message(bootstrap: str,
         watch = await triggerer.start(trigger)
         await eventually(lambda: watch.stores["asset"].writes >= 1, timeout=20)
         made = await produce(bootstrap, topic, *(Message({"n": i}, partition=i % 3) for i in range(4)))
-        await watch.wait_for_events(4)
-    assert sorted((p["partition"], p["offset"]) for p in watch.payloads) == sorted(made)
-    assert all(p["matched"]["state"] == "success" for p in watch.payloads)
+        await watch.wait_for_items(4)
+    assert sorted((p["partition"], p["offset"]) for p in watch.items) == sorted(made)
+    assert all(p["matched"]["state"] == "success" for p in watch.items)
 
 
 async def test_the_shared_stream_form_fires_every_message_as_text(bootstrap: str, kafka_conn: str, topic: str) -> None:
@@ -35,5 +35,5 @@ async def test_the_shared_stream_form_fires_every_message_as_text(bootstrap: str
         watch = await triggerer.start(trigger)
         await eventually(lambda: watch.stores["asset"].writes >= 1, timeout=20)
         await produce(bootstrap, topic, Message(b"plain text", raw=True, partition=0), Message({"n": 1}, partition=0))
-        events = await watch.wait_for_events(2)
+        events = await watch.wait_for_items(2)
     assert [e["value"] for e in events] == ["plain text", '{"n": 1}']

@@ -101,15 +101,15 @@ async def test_each_new_accepted_row_fires_once_in_order_and_old_rows_never(
         with watch_blocking(0.1) as blocked:
             watch = await triggerer.start(trigger)
             await quiet()
-            assert watch.payloads == []  # the rows already there are the starting point
+            assert watch.items == []  # the rows already there are the starting point
             await insert(admin, loads, "orders", "orders")
             await insert(admin, loads, "orders", status="running")  # not accepted: no event
             await insert(admin, loads, "customers")  # not matched: no event
             await insert(admin, loads, "orders")
-            await watch.wait_for_events(3)
+            await watch.wait_for_items(3)
             await quiet()
-        assert ids(watch.payloads) == [3, 4, 7]
-        first = watch.payloads[0]
+        assert ids(watch.items) == [3, 4, 7]
+        first = watch.items[0]
         assert first["row"]["dataset"] == "orders" and first["table"] == loads
         assert first["cursor"] == [3] and first["event_id"] == f"{loads}@[3]"
         assert first["matched"]["argument"] == "status"
@@ -122,10 +122,10 @@ async def test_backfill_fires_the_rows_already_there(conn_id: str, admin: asyncp
     await insert(admin, loads, "a", "b", "c")
     async with WatcherHarness() as triggerer:
         watch = await triggerer.start(watcher(conn_id, loads, backfill=True, batch_size=2))  # two pages
-        await watch.wait_for_events(3)
+        await watch.wait_for_items(3)
         await quiet()
-        assert ids(watch.payloads) == [1, 2, 3]
-        assert watch.payloads[0]["matched"]["comparator"] == "every new row"
+        assert ids(watch.items) == [1, 2, 3]
+        assert watch.items[0]["matched"]["comparator"] == "every new row"
 
 
 async def test_equal_timestamps_are_told_apart_by_the_key_column(
@@ -135,12 +135,12 @@ async def test_equal_timestamps_are_told_apart_by_the_key_column(
         watch = await triggerer.start(watcher(conn_id, loads, order_column="loaded_at", key_column="id"))
         await quiet()
         await insert(admin, loads, "a", "b")  # both at 2030-01-01T00:00:00Z
-        await watch.wait_for_events(2)
+        await watch.wait_for_items(2)
         await insert(admin, loads, "c")  # the same timestamp again, after the cursor moved there
-        await watch.wait_for_events(3)
+        await watch.wait_for_items(3)
         await quiet()
-        assert ids(watch.payloads) == [1, 2, 3]
-        assert watch.payloads[2]["cursor"] == ["2030-01-01T00:00:00+00:00", 3]
+        assert ids(watch.items) == [1, 2, 3]
+        assert watch.items[2]["cursor"] == ["2030-01-01T00:00:00+00:00", 3]
 
 
 async def test_a_restart_fires_what_arrived_while_down_and_a_crash_before_storing_fires_again(
@@ -150,20 +150,20 @@ async def test_a_restart_fires_what_arrived_while_down_and_a_crash_before_storin
         watch = await first.start(watcher(conn_id, loads))
         await quiet()
         await insert(admin, loads, "a")
-        await watch.wait_for_events(1)
+        await watch.wait_for_items(1)
         await until(lambda: first.stores.get("asset").writes >= 2)  # baseline, then row 1 (stored)
     await insert(admin, loads, "b")  # while no triggerer runs
     second = WatcherHarness(stores=first.stores, auto_store=False)
     async with second:
         watch = await second.start(watcher(conn_id, loads))
-        await watch.wait_for_events(1)
-        assert ids(watch.payloads) == [2]
+        await watch.wait_for_items(1)
+        assert ids(watch.items) == [2]
         # dies before the event is stored
     async with WatcherHarness(stores=second.stores) as third:
         watch = await third.start(watcher(conn_id, loads))
-        await watch.wait_for_events(1)
+        await watch.wait_for_items(1)
         await quiet()
-        assert ids(watch.payloads) == [2]  # fired again, never lost; row 1 not again
+        assert ids(watch.items) == [2]  # fired again, never lost; row 1 not again
 
 
 async def test_a_row_that_cannot_be_judged_holds_back_the_rows_after_it_never_skips_them(
@@ -176,12 +176,12 @@ async def test_a_row_that_cannot_be_judged_holds_back_the_rows_after_it_never_sk
         await insert(admin, loads, "a", meta=json.dumps({"rows": 9}))
         await insert(admin, loads, "b", meta=json.dumps({"rows": "many"}))  # the predicate raises
         await insert(admin, loads, "c", meta=json.dumps({"rows": 7}))
-        await watch.wait_for_events(1)
+        await watch.wait_for_items(1)
         await quiet()
-        assert ids(watch.payloads) == [1]
+        assert ids(watch.items) == [1]
         await admin.execute(f"UPDATE {loads} SET meta = '{{\"rows\": 1}}' WHERE id = 2")  # fixed: not enough
-        await watch.wait_for_events(2)
-        assert ids(watch.payloads) == [1, 3]
+        await watch.wait_for_items(2)
+        assert ids(watch.items) == [1, 3]
 
 
 async def test_a_text_order_column_is_refused_and_nothing_fires(
@@ -191,7 +191,7 @@ async def test_a_text_order_column_is_refused_and_nothing_fires(
         watch = await triggerer.start(watcher(conn_id, loads, order_column="dataset", backfill=True, max_backoff=0.2))
         await insert(admin, loads, "a")
         await quiet()
-        assert watch.payloads == []
+        assert watch.items == []
         assert watch.task is not None and not watch.task.done()  # logged and retried, never ended
 
 
@@ -205,7 +205,7 @@ async def test_a_notification_wakes_the_watchers_long_before_the_poll_interval(
         started = asyncio.get_running_loop().time()
         await insert(admin, loads, "a")
         await admin.execute(f"NOTIFY {channel}")
-        await watch.wait_for_events(1, timeout=10)
+        await watch.wait_for_items(1, timeout=10)
         assert asyncio.get_running_loop().time() - started < 5
 
 
@@ -233,13 +233,13 @@ async def test_a_hundred_watchers_of_one_table_cost_one_query_per_round(
         await until(lambda: len(rounds) >= 5)
         await insert(admin, loads, *(f"d{i:03d}" for i in range(100)))
         for watch in watches:
-            await watch.wait_for_events(1)
+            await watch.wait_for_items(1)
         await quiet()
     polls = len(rounds)
     await no_sessions(admin, conn_id)  # the pool closed: its sessions reported their scans on exit
     scanned = await scans(admin, loads) - before
     for i, watch in enumerate(watches):
-        assert [p["row"]["dataset"] for p in watch.payloads] == [f"d{i:03d}"]
+        assert [p["row"]["dataset"] for p in watch.items] == [f"d{i:03d}"]
     # Each round reads the table once (plus, at the start, one look at where the rows end);
     # each watcher on its own would read it a hundred times a round.
     print(f"\n100 watchers: {polls} polls, {scanned} scans of the table")
@@ -287,17 +287,17 @@ async def test_a_watcher_stuck_on_a_row_never_holds_back_another_watcher_of_the_
         await until(lambda: all(w.trigger._board is not None for w in watches))  # type: ignore[attr-defined]
         await quiet()
         await insert(admin, loads, *(f"d{i}" for i in range(1, 31)))
-        await watches[0].wait_for_events(30)
-        await watches[1].wait_for_events(4)
+        await watches[0].wait_for_items(30)
+        await watches[1].wait_for_items(4)
         await quiet()
-        assert ids(watches[0].payloads) == list(range(1, 31))
-        assert ids(watches[1].payloads) == [1, 2, 3, 4]  # stuck on row 5: it and the rows after it wait
+        assert ids(watches[0].items) == list(range(1, 31))
+        assert ids(watches[1].items) == [1, 2, 3, 4]  # stuck on row 5: it and the rows after it wait
         broken_predicate["on"] = False  # the fix is deployed
-        await watches[1].wait_for_events(30)
+        await watches[1].wait_for_items(30)
         await insert(admin, loads, "d31")
-        await watches[0].wait_for_events(31)
-        await watches[1].wait_for_events(31)
+        await watches[0].wait_for_items(31)
+        await watches[1].wait_for_items(31)
         await quiet()
-    assert ids(watches[0].payloads) == list(range(1, 32))
-    assert ids(watches[1].payloads) == list(range(1, 32))
+    assert ids(watches[0].items) == list(range(1, 32))
+    assert ids(watches[1].items) == list(range(1, 32))
     assert held_keys() == {} and live_boards() == {}

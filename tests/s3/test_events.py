@@ -62,15 +62,15 @@ async def test_each_new_object_fires_once_with_key_size_etag_and_time_and_old_on
         with watch_blocking(0.1) as blocked:
             watch = await triggerer.start(watcher(bucket, moto_conn))
             await quiet()
-            assert watch.payloads == []  # what was there first is the starting point
+            assert watch.items == []  # what was there first is the starting point
             await admin.put_object(Bucket=bucket, Key="in/new-1.csv", Body=b"12345")
             await admin.put_object(Bucket=bucket, Key="in/skip.txt", Body=b"x")
             await admin.put_object(Bucket=bucket, Key="in/new-2.csv", Body=b"1")
-            await watch.wait_for_events(2)
+            await watch.wait_for_items(2)
             await quiet()
-        assert sorted(keys(watch.payloads)) == ["in/new-1.csv", "in/new-2.csv"]
+        assert sorted(keys(watch.items)) == ["in/new-1.csv", "in/new-2.csv"]
         head = await admin.head_object(Bucket=bucket, Key="in/new-1.csv")
-        [first] = [p for p in watch.payloads if p["key"] == "in/new-1.csv"]
+        [first] = [p for p in watch.items if p["key"] == "in/new-1.csv"]
         assert first == {
             "bucket": bucket,
             "key": "in/new-1.csv",
@@ -89,9 +89,9 @@ async def test_backfill_fires_for_what_is_already_there_oldest_first(admin: Any,
     await put_many(admin, bucket, ["in/b.csv"])
     async with WatcherHarness() as triggerer:
         watch = await triggerer.start(watcher(bucket, moto_conn, backfill=True))
-        await watch.wait_for_events(2)
+        await watch.wait_for_items(2)
         await quiet()
-        assert keys(watch.payloads) == ["in/a.csv", "in/b.csv"]
+        assert keys(watch.items) == ["in/a.csv", "in/b.csv"]
 
 
 async def test_an_overwritten_key_and_a_new_version_of_an_exact_key_fire_again(
@@ -101,13 +101,13 @@ async def test_an_overwritten_key_and_a_new_version_of_an_exact_key_fire_again(
     async with WatcherHarness() as triggerer:
         exact = await triggerer.start(watcher(bucket, moto_conn, key="exports/_SUCCESS", wildcard_match=False))
         await quiet()
-        assert exact.payloads == []
+        assert exact.items == []
         await admin.put_object(Bucket=bucket, Key="exports/_SUCCESS", Body=b"2")
         await admin.put_object(Bucket=bucket, Key="exports/_SUCCESS.tmp", Body=b"2")  # another key
-        [event] = await exact.wait_for_events(1)
+        [event] = await exact.wait_for_items(1)
         assert event["key"] == "exports/_SUCCESS"
         await quiet()
-        assert len(exact.events) == 1
+        assert len(exact.items) == 1
 
 
 async def test_a_restart_fires_what_arrived_while_down_and_nothing_it_fired_before(
@@ -117,17 +117,17 @@ async def test_a_restart_fires_what_arrived_while_down_and_nothing_it_fired_befo
         watch = await first.start(watcher(bucket, moto_conn))
         await quiet()
         await put_many(admin, bucket, ["in/1.csv", "in/2.csv"])
-        await watch.wait_for_events(2)
+        await watch.wait_for_items(2)
         store = first.stores.get("asset")
         await settle(lambda: store.writes >= 2)  # the baseline, then the two objects (stored)
     await put_many(admin, bucket, ["in/3.csv"])  # while no triggerer runs
     async with WatcherHarness(stores=first.stores) as second:
         watch = await second.start(watcher(bucket, moto_conn))
-        await watch.wait_for_events(1)
+        await watch.wait_for_items(1)
         await put_many(admin, bucket, ["in/4.csv"])
-        await watch.wait_for_events(2)
+        await watch.wait_for_items(2)
         await quiet()
-        assert keys(watch.payloads) == ["in/3.csv", "in/4.csv"]
+        assert keys(watch.items) == ["in/3.csv", "in/4.csv"]
 
 
 async def test_events_not_yet_stored_when_the_triggerer_dies_fire_again_after_the_restart(
@@ -139,16 +139,16 @@ async def test_events_not_yet_stored_when_the_triggerer_dies_fire_again_after_th
         await quiet()
         first.store_events()  # the baseline
         await put_many(admin, bucket, ["in/1.csv"])
-        await watch.wait_for_events(1)
+        await watch.wait_for_items(1)
         first.store_events()  # in/1.csv is stored ...
         await settle(lambda: first.stores.get("asset").writes >= 2)
         await put_many(admin, bucket, ["in/2.csv"])
-        await watch.wait_for_events(2)  # ... in/2.csv fired, but the triggerer dies before storing it
+        await watch.wait_for_items(2)  # ... in/2.csv fired, but the triggerer dies before storing it
     async with WatcherHarness(stores=first.stores) as second:
         watch = await second.start(watcher(bucket, moto_conn))
-        await watch.wait_for_events(1)
+        await watch.wait_for_items(1)
         await quiet()
-        assert keys(watch.payloads) == ["in/2.csv"]  # fired again, never lost; in/1.csv not again
+        assert keys(watch.items) == ["in/2.csv"]  # fired again, never lost; in/1.csv not again
 
 
 async def test_a_missing_bucket_fires_nothing_and_the_watcher_recovers_when_it_appears(
@@ -162,7 +162,7 @@ async def test_a_missing_bucket_fires_nothing_and_the_watcher_recovers_when_it_a
         await admin.create_bucket(Bucket=missing)
         await quiet(0.5)  # the first listing that works is the starting point
         await admin.put_object(Bucket=missing, Key="in/1.csv", Body=b"x")
-        [event] = await watch.wait_for_events(1)
+        [event] = await watch.wait_for_items(1)
         assert event["key"] == "in/1.csv"
 
 
@@ -188,11 +188,11 @@ async def test_a_hundred_watchers_of_one_prefix_cost_one_listing_per_round(
         await settle(lambda: len(rounds) >= 5)
         await put_many(admin, bucket, [f"drop/file-{i:03d}.csv" for i in range(100)])
         for watch in watches:
-            await watch.wait_for_events(1)
+            await watch.wait_for_items(1)
         await quiet()
         lists, polls = proxy.count("GET"), len(rounds)
     for i, watch in enumerate(watches):
-        assert keys(watch.payloads) == [f"drop/file-{i:03d}.csv"]  # its own object, once
+        assert keys(watch.items) == [f"drop/file-{i:03d}.csv"]  # its own object, once
     # One listing a round for all hundred (each on its own would list: 100 a round); the last
     # round's listing may still be in flight when counted.
     assert polls - 1 <= lists <= polls
