@@ -20,7 +20,7 @@ from airflow_deferrable_kit._http.client import shared_responses
 from airflow_deferrable_kit._shared_polls import REUSE_MAX, SharedAnswers, reuse_window
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
-from airflow_deferrable_kit.triggers.base import Found
+from airflow_deferrable_kit.triggers.base import Found, deadline_after
 from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
 from tests.http.conftest import Seen, Server, reply
 from tests.s3.fault_proxy import settle
@@ -308,3 +308,66 @@ def test_the_reuse_window_is_a_tenth_of_the_poll_interval_up_to_a_second() -> No
     assert reuse_window(5) == pytest.approx(0.5)
     assert reuse_window(30) == REUSE_MAX == 1.0
     assert reuse_window(3600) == 1.0
+
+
+# -------------------------------------------------------------------- one bad endpoint among many
+@pytest.mark.parametrize("fault", ["500", "hang"])
+async def test_one_failing_or_hanging_endpoint_among_forty_healthy_ones_delays_none_of_them(
+    serve: Serve, connection: Conn, fault: str
+) -> None:
+    """40 waits on 40 URLs of one server (the one session, the one host's socket pool) and 5 waits
+    on a URL that answers 500, or holds every request past its ``request_timeout``.
+
+    The healthy waits see no error and each finds its batch ready within one poll interval (plus
+    the sharing window) of the server saying so; the bad waits retry the transient error with
+    backoff until their deadline and end with a timeout naming it, as docs/sensors/http.md says.
+    """
+    poll, request_timeout, bad_deadline = 1.0, 0.5, 6.0
+    ready = threading.Event()
+
+    async def answer(seen: Seen) -> Any:
+        if seen.path.startswith("/bad"):
+            if fault == "hang":
+                await asyncio.sleep(60)  # cancelled when the client gives up (handler_cancellation)
+            return reply(500, "internal error")
+        return reply(200, {"state": "ready" if ready.is_set() else "pending"})
+
+    server = serve(answer)
+    conn = connection("batch_api", host="127.0.0.1", port=server.port)
+    common = {"poll_interval": poll, "max_backoff": 2.0, "request_timeout": request_timeout}
+    healthy = [wait(conn, endpoint=f"v1/batches/{i}/status", **common) for i in range(40)]
+    bad = [wait(conn, endpoint="bad/status", deadline=deadline_after(bad_deadline), **common) for _ in range(5)]
+    arrived: dict[int, float] = {}
+
+    async def run(trigger: CountingTrigger) -> dict[str, Any]:
+        payload = await run_trigger_payload(trigger, timeout=60)
+        arrived[id(trigger)] = time.monotonic()
+        return payload
+
+    tasks = [asyncio.create_task(run(t)) for t in [*healthy, *bad]]
+    # Pending for a while, the bad URL failing (or hanging) beside them all along.
+    await settle(lambda: all(t.__dict__.get("failures") for t in bad) and polls(healthy) >= 3 * len(healthy))
+    assert not any(task.done() for task in tasks)
+    before = {id(t): t.__dict__["polls"] for t in healthy}
+    ready.set()
+    flipped = time.monotonic()
+    payloads = await asyncio.gather(*tasks[: len(healthy)])
+    bad_payloads = await asyncio.gather(*tasks[len(healthy) :])
+
+    assert [p["status"] for p in payloads] == ["success"] * len(healthy)
+    assert all(p["status_code"] == 200 for p in payloads)
+    assert all("failures" not in t.__dict__ for t in healthy)  # no healthy wait saw an error
+    # Within one poll of ready: at most the poll that shared an answer begun just before, then one.
+    latest = max(arrived[id(t)] - flipped for t in healthy)
+    print(f"\n{fault}: 40 healthy waits found ready within {latest * 1000:.0f} ms (poll interval {poll} s)")
+    assert latest <= poll + reuse_window(poll) + 1.0
+    assert max(t.__dict__["polls"] - before[id(t)] for t in healthy) <= 2
+    # The bad waits: transient until the deadline, then a timeout naming the last error.
+    error_type = "network" if fault == "hang" else "unavailable"
+    for payload in bad_payloads:
+        assert payload["status"] == "timeout", payload
+        assert f"last transient error ({error_type})" in payload["message"], payload["message"]
+    assert all(len(t.__dict__["failures"]) >= 2 for t in bad)  # retried, with backoff between
+    bad_requests = [seen for seen in server.requests if seen.path.startswith("/bad")]
+    assert len(bad_requests) <= polls(bad)  # shared or not, never more requests than polls
+    assert held_keys() == {}

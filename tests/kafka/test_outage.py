@@ -39,6 +39,9 @@ from tests.kafka.conftest import (
 
 #: How long the broker stays down in the outage test.
 OUTAGE_SECONDS = 10.0
+#: The outage test's waits: their ``max_backoff`` caps the gate (the default would be 30 s).
+MAX_BACKOFF = 8.0
+POLL_INTERVAL = 1.0
 
 
 async def test_the_gate_backs_off_exponentially_up_to_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,14 +134,21 @@ async def test_waits_that_asked_for_a_short_max_backoff_are_not_held_to_the_pack
 async def test_attempts_during_an_outage_fall_off_and_recovery_comes_within_one_step(
     monkeypatch: pytest.MonkeyPatch, proxied_broker: ProxiedBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """50 waits over 10 topics, the broker unreachable for 10 s, then back.
+
+    The gate's cap is the waits' ``max_backoff`` (8 s here; 30 s by default): the first attempt
+    after the broker is back is at most one step away, so the waiting message is delivered within
+    ``max_backoff`` plus what a reconnected wait needs anyway: a probe's timeout, one fetch wait
+    and one poll interval (the bound below, from the settings, not a timing of this machine).
+    """
     caplog.set_level(logging.INFO)
-    monkeypatch.setattr(
-        kafka_settings, "CONNECT_BACKOFF_CAP", 8.0
-    )  # the default 30 s, shortened for the test's wall time
     conn = set_connection(monkeypatch, "kafka_proxied", proxied_broker.bootstrap_servers)
     bootstrap = proxied_broker.bootstrap_servers
     names = await asyncio.to_thread(asyncio.run, create_topics(bootstrap, [unique("out") for _ in range(10)], 2))
-    triggers = [make(names[i % 10], conn, acceptors=[key_is(f"k{i}")], poll_interval=1.0) for i in range(50)]
+    triggers = [
+        make(names[i % 10], conn, acceptors=[key_is(f"k{i}")], poll_interval=POLL_INTERVAL, max_backoff=MAX_BACKOFF)
+        for i in range(50)
+    ]
     tasks = [asyncio.ensure_future(run_trigger(t, timeout=120)) for t in triggers]
     await eventually(lambda: all(t._waiter is not None and t.topics[0] in t._waiter.attached for t in triggers), 30)
     proxy = proxied_broker.proxy
@@ -172,7 +182,11 @@ async def test_attempts_during_an_outage_fall_off_and_recovery_comes_within_one_
     loud = [r for r in caplog.records if r.name.startswith("aiokafka") and r.levelno >= logging.WARNING]
     assert loud == [], [r.getMessage() for r in loud][:5]
     assert any("reachable again" in r.getMessage() for r in caplog.records)
-    assert recovered_in <= wait_left + 5.0
+    assert gates_for(conn).cap == MAX_BACKOFF  # the waits' max_backoff capped the gate
+    reconnected_wait = kafka_settings.PROBE_TIMEOUT_MS / 1000 + kafka_settings.FETCH_WAIT_MS / 1000 + POLL_INTERVAL
+    assert wait_left <= MAX_BACKOFF
+    assert recovered_in <= wait_left + reconnected_wait
+    assert recovered_in <= MAX_BACKOFF + reconnected_wait  # within one backoff step, whatever the draw
     for task in tasks[1:]:
         task.cancel()
     await asyncio.gather(*tasks[1:], return_exceptions=True)
