@@ -1,13 +1,17 @@
 """Start DAG runs when something happens outside, with no sensor task: asset watchers.
 
 Each asset below has an ``AssetWatcher`` whose trigger runs in the triggerer for ever and fires
-one asset event per thing that happened; the DAG scheduled on the asset runs for it, and its
-``triggering_asset_events`` say what happened (the payload is in ``event.extra["payload"]``).
+asset events; the DAG scheduled on the asset runs for them, and its ``triggering_asset_events``
+say what happened (the payload is in ``event.extra["payload"]``). The S3 and Postgres watchers
+fire what one look found as one event, ``{"items": [...], "count": n}``, one item per object or
+row; the HTTP watcher fires one event per transition. Events of one watcher are at least
+``min_event_interval`` (5 s) apart, so each joins a DAG run (docs/events.md says why).
 
-* ``landed_orders``: each new ``.csv`` under ``s3://adk-demo/incoming/`` (one event per object:
-  key, size, ETag, last-modified). Objects already there when the watcher first runs do not fire.
-* ``finished_batches``: each new row of ``etl.batch_markers`` whose status is ``done``, in ``id``
-  order; the table's NOTIFY on channel ``batch_markers`` wakes the watcher at once.
+* ``landed_orders``: the new ``.csv`` objects under ``s3://adk-demo/incoming/`` (an item per
+  object: key, size, ETag, last-modified). Objects already there when the watcher first runs do
+  not fire.
+* ``finished_batches``: the new rows of ``etl.batch_markers`` whose status is ``done``, in ``id``
+  order (an item per row); the table's NOTIFY on channel ``batch_markers`` wakes the watcher.
 * ``demo_batch_ready``: each time the batch API says batch ``demo`` went to ``ready``.
 
 Connections ``s3_demo``, ``warehouse`` and ``batch_api`` are defined by docker-compose.yaml. This
@@ -60,13 +64,26 @@ def payloads(events: Any) -> list[dict[str, Any]]:
     return [event.extra.get("payload", {}) for asset_events in events.values() for event in asset_events]
 
 
+def items(events: Any) -> list[dict[str, Any]]:
+    """The items (objects, rows) of a run's triggering asset events, each once by its ``event_id``.
+
+    A triggerer killed between storing an event and saving its watermark fires the same items
+    again, with the same ``event_id``s: within one run, this keeps the first copy.
+    """
+    seen: dict[str, dict[str, Any]] = {}
+    for payload in payloads(events):
+        for item in payload.get("items", []):
+            seen.setdefault(item["event_id"], item)
+    return list(seen.values())
+
+
 with DAG(dag_id="example_load_landed_orders", schedule=[landed_orders], start_date=START, catchup=False,
          tags=["deferrable-kit", "events", "example"], doc_md=__doc__) as load_dag:  # fmt: skip
 
     @task
     def load(triggering_asset_events: Any = None) -> list[str]:
-        """One run per new object (or per few, if they landed together)."""
-        return [f"s3://{p['bucket']}/{p['key']}" for p in payloads(triggering_asset_events)]
+        """Every object the run's events carry: all that one listing found, in one run."""
+        return [f"s3://{o['bucket']}/{o['key']}" for o in items(triggering_asset_events)]
 
     load()
 
@@ -75,7 +92,7 @@ with DAG(dag_id="example_publish_finished_batches", schedule=[finished_batches],
 
     @task
     def publish(triggering_asset_events: Any = None) -> list[str]:
-        return [p["row"]["batch_id"] for p in payloads(triggering_asset_events)]
+        return [r["row"]["batch_id"] for r in items(triggering_asset_events)]
 
     publish()
 

@@ -1,8 +1,10 @@
-"""Start a DAG run for each finished batch announced on Kafka, with no sensor task: an asset watcher.
+"""Start DAG runs for the finished batches announced on Kafka, with no sensor task: an asset watcher.
 
-``finished_batch_messages``: each message on ``batch-events`` whose JSON value says
-``{"state": "done"}`` (the loader publishes one per batch, keyed ``batch-<date>``) fires one asset
-event: topic, partition, offset, key and value, in ``event.extra["payload"]``. Messages produced
+``finished_batch_messages``: the messages on ``batch-events`` whose JSON value says
+``{"state": "done"}`` (the loader publishes one per batch, keyed ``batch-<date>``). What one look
+finds is one asset event, ``{"items": [...], "count": n}`` in ``event.extra["payload"]``, an item
+per message: topic, partition, offset, key, value and ``event_id``. Events are at least
+``min_event_interval`` (5 s) apart, so each joins a DAG run. Messages produced
 before the watcher first ran do not fire; after that none is missed across triggerer restarts
 (the next offset of each partition is kept in the asset state store, saved only once the events
 it covers are stored). Every watcher of ``batch-events`` in a triggerer shares one fetch.
@@ -37,8 +39,12 @@ with DAG(dag_id="example_load_announced_batches", schedule=[finished_batch_messa
 
     @task
     def load(triggering_asset_events: Any = None) -> list[str]:
-        """One run per message (or per few, if they arrived together): each names its batch."""
-        messages = [e.extra.get("payload", {}) for events in triggering_asset_events.values() for e in events]
-        return [f"{m['key']} ({m['event_id']}): {m['value'].get('rows')} rows" for m in messages]
+        """Every message the run's events carry (those one look found), each once: each names its batch."""
+        messages: dict[str, Any] = {}
+        for events in triggering_asset_events.values():
+            for event in events:
+                for message in event.extra.get("payload", {}).get("items", []):
+                    messages.setdefault(message["event_id"], message)  # a repeat after a crash: once
+        return [f"{m['key']} ({m['event_id']}): {m['value'].get('rows')} rows" for m in messages.values()]
 
     load()
