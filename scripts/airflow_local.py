@@ -137,6 +137,18 @@ class LocalAirflow:
         )
         return self.processes[name]
 
+    def stop_component(self, name: str, *, timeout: float = 30) -> None:
+        """Stop one component as an operator would (SIGTERM, then SIGKILL after ``timeout``)."""
+        proc = self.processes.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
     def wait_healthy(self, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         last: Any = None

@@ -56,6 +56,13 @@ def query(dsn: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+def items_of(payload: Any) -> list[Any]:
+    """What one asset event's payload carries: the items of an item event, else the payload itself."""
+    if isinstance(payload, dict) and isinstance(payload.get("items"), list):
+        return list(payload["items"])
+    return [payload]
+
+
 def running_triggerers(dsn: str) -> list[int]:
     """The ids of the triggerer jobs Airflow holds for running, oldest first."""
     rows = query(dsn, "SELECT id FROM job WHERE job_type = 'TriggererJob' AND state = 'running' ORDER BY id")

@@ -2,7 +2,7 @@
 
 Served by tests/e2e/test_events_ha_e2e.py (two triggerers on one metadata DB), which names the
 bucket, table and batch in the environment and defines the connections. Each consumer runs the
-deduplication recipe of docs/events.md: an event whose ``event_id`` an earlier asset event of
+deduplication recipe of docs/events.md: an item whose ``event_id`` an earlier asset event of
 the same asset already carried is a repeat (a triggerer that died between storing an event and
 saving its watermark fires it again), and is skipped.
 """
@@ -26,12 +26,18 @@ BATCH = os.environ.get("ADK_E2E_HA_BATCH", "adk-e2e-ha")
 LOOKBACK = dt.timedelta(hours=1)
 
 
-def first_deliveries(asset: Asset, triggering_asset_events: Any, inlet_events: Any) -> tuple[list[Any], list[Any]]:
-    """This run's payloads of ``asset`` delivered for the first time, and the ``event_id``s repeated.
+def items_of(event: Any) -> list[Any]:
+    """What one asset event carries: the items of an S3 / Postgres / Kafka event, else its payload."""
+    payload = (event.extra or {}).get("payload") or {}
+    return list(payload["items"]) if isinstance(payload.get("items"), list) else [payload]
 
-    A repeat carries the ``event_id`` of an asset event of the same asset stored before it (the
-    first delivery, consumed by this run or an earlier one), so one look at the asset's events
-    from ``LOOKBACK`` before this run's first event to its last tells them apart.
+
+def first_deliveries(asset: Asset, triggering_asset_events: Any, inlet_events: Any) -> tuple[list[Any], list[Any]]:
+    """This run's items of ``asset`` delivered for the first time, and the ``event_id``s repeated.
+
+    A repeat carries the ``event_id`` of an item of an asset event of the same asset stored
+    before it (the first delivery, consumed by this run or an earlier one), so one look at the
+    asset's events from ``LOOKBACK`` before this run's first event to its last tells them apart.
     """
     events = sorted(triggering_asset_events[asset], key=lambda event: event.timestamp)
     if not events:
@@ -39,17 +45,18 @@ def first_deliveries(asset: Asset, triggering_asset_events: Any, inlet_events: A
     stored = inlet_events[asset].after((events[0].timestamp - LOOKBACK).isoformat())
     first_stored: dict[Any, dt.datetime] = {}
     for event in stored.before(events[-1].timestamp.isoformat()):
-        event_id = ((event.extra or {}).get("payload") or {}).get("event_id")
-        if event_id is not None and (event_id not in first_stored or event.timestamp < first_stored[event_id]):
-            first_stored[event_id] = event.timestamp
+        for item in items_of(event):
+            event_id = item.get("event_id")
+            if event_id is not None and (event_id not in first_stored or event.timestamp < first_stored[event_id]):
+                first_stored[event_id] = event.timestamp
     fresh, repeats = [], []
     for event in events:
-        payload = (event.extra or {}).get("payload") or {}
-        event_id = payload.get("event_id")
-        if event_id is not None and first_stored.get(event_id, event.timestamp) < event.timestamp:
-            repeats.append(event_id)
-        else:
-            fresh.append(payload)
+        for item in items_of(event):
+            event_id = item.get("event_id")
+            if event_id is not None and first_stored.get(event_id, event.timestamp) < event.timestamp:
+                repeats.append(event_id)
+            else:
+                fresh.append(item)
     return fresh, repeats
 
 

@@ -1,0 +1,383 @@
+"""Every event starts (or joins) a DAG run: bursts on a real Airflow 3.3.2, one triggerer and two.
+
+Airflow queues one run per asset and DAG at a time and gives it the events stored up to the
+moment the first of them queued it; an event stored while that run is queued but not yet
+created joins no run until another event comes. The kit fires what one look found as one event
+and spaces a watcher's events by ``min_event_interval``, so every event is consumed by one run
+within seconds, with no further event needed.
+
+For each event trigger kind (S3, Postgres, Kafka: items; HTTP and ``as_event_trigger()``: edges)
+and each burst size, the test makes the burst happen at once (edges: one transition every
+other poll, the fastest a watcher that looks every poll can see them) and counts the events
+fired, the events consumed, the runs created, and the seconds from the last item to the
+creation of the run that consumed it. First with one triggerer, then with two holding the
+watchers between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts import services
+from scripts.airflow_local import LocalAirflow
+from scripts.demo import batch_api
+from tests.e2e.metadata import (
+    event_connections,
+    items_of,
+    new_database,
+    query,
+    running_triggerers,
+    set_batch,
+    sqlalchemy_url,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+DAGS = Path(__file__).parent / "burst_dags"
+ITEM_KINDS = ("adk_burst_s3", "adk_burst_pg", "adk_burst_kafka")
+EDGE_KINDS = ("adk_burst_http", "adk_burst_condition")
+KINDS = ITEM_KINDS + EDGE_KINDS
+#: Burst sizes of the item watchers: objects, rows, messages made at once.
+ITEM_SIZES = (1, 2, 3, 10, 1000)
+#: Transitions of the edge watchers. One look sees at most one, so a burst of them lasts a
+#: poll each; a thousand would take a thousand looks and say nothing the ten do not.
+EDGE_SIZES = (1, 2, 3, 10)
+#: Seconds a state is held, so that a watcher looking every second sees each transition.
+EDGE_HOLD = 2.5
+#: The documented bound (docs/events.md): poll_interval (1) + min_event_interval (5) + the
+#: scheduler's loop, with a margin for a busy 2-core machine.
+BOUND = 30.0
+
+
+@dataclasses.dataclass
+class Bursts:
+    airflow: LocalAirflow
+    dsn: str
+    postgres: services.Postgres
+    s3: Any
+    bootstrap: str
+    api_url: str
+    bucket: str
+    table: str
+    topic: str
+    batch: str
+    flag: Path
+
+    def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        return query(self.dsn, sql, *args)
+
+    def events(self, asset: str) -> list[tuple[int, list[dict[str, Any]]]]:
+        """``(asset event id, items)`` of every event of ``asset``, oldest first."""
+        rows = self.query(
+            "SELECT e.id, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = %s ORDER BY e.id",
+            asset,
+        )
+        out = []
+        for event_id, extra in rows:
+            document = extra if isinstance(extra, dict) else json.loads(extra)
+            out.append((int(event_id), items_of(document.get("payload") or {})))
+        return out
+
+    def consumers(self, asset: str) -> dict[int, list[tuple[int, float]]]:
+        """For each consumed event of ``asset``: the runs of its consumer that hold it, with when each was created."""
+        rows = self.query(
+            "SELECT l.event_id, r.id, extract(epoch FROM r.queued_at) FROM dagrun_asset_event l "
+            "JOIN dag_run r ON r.id = l.dag_run_id WHERE r.dag_id = %s",
+            f"{asset}_consumer",
+        )
+        runs: dict[int, list[tuple[int, float]]] = {}
+        for event_id, run_id, queued in rows:
+            runs.setdefault(int(event_id), []).append((int(run_id), float(queued)))
+        return runs
+
+    def run_count(self, asset: str) -> int:
+        return int(self.query("SELECT count(*) FROM dag_run WHERE dag_id = %s", f"{asset}_consumer")[0][0])
+
+    def holders(self) -> Counter[int | None]:
+        rows = self.query("SELECT t.triggerer_id FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id")
+        return Counter(None if row[0] is None else int(row[0]) for row in rows)
+
+    # ---------------------------------------------------------------- making things happen
+    def make(self, asset: str, tag: str, size: int) -> float:
+        """Make a burst of ``size`` happen on ``asset``'s upstream; when its last item was made."""
+        if asset == "adk_burst_s3":
+            keys = [f"burst/{tag}-{i:04d}.csv" for i in range(size)]
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda key: self.s3.put_object(Bucket=self.bucket, Key=key, Body=b"1\n"), keys))
+        elif asset == "adk_burst_pg":
+            self.postgres.psql(
+                f"INSERT INTO {self.table} (dataset) SELECT '{tag}-' || lpad(i::text, 4, '0') "
+                f"FROM generate_series(0, {size - 1}) i"
+            )
+        elif asset == "adk_burst_kafka":
+            asyncio.run(self._produce(tag, size))
+        else:
+            for _ in range(size):
+                self._edge(asset, True)
+                time.sleep(EDGE_HOLD)
+                self._edge(asset, False)
+                time.sleep(EDGE_HOLD)
+            # the last transition to ready happened EDGE_HOLD * 2 ago
+            return time.time() - 2 * EDGE_HOLD
+        return time.time()
+
+    def _edge(self, asset: str, ready: bool) -> None:
+        if asset == "adk_burst_http":
+            set_batch(self.api_url, self.batch, "ready" if ready else "pending")
+        elif ready:
+            self.flag.touch()
+        else:
+            self.flag.unlink(missing_ok=True)
+
+    async def _produce(self, tag: str, size: int) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5)
+        await producer.start()
+        try:
+            sent = [await producer.send(self.topic, json.dumps({"id": f"{tag}-{i:04d}"}).encode()) for i in range(size)]
+            await producer.flush()
+            await asyncio.gather(*sent)
+        finally:
+            await producer.stop()
+
+    def tagged(self, asset: str, tag: str) -> list[tuple[int, dict[str, Any]]]:
+        """``(asset event id, item)`` of the items of the burst ``tag`` (edges: every item after it started)."""
+        found = []
+        for event_id, items in self.events(asset):
+            for item in items:
+                if asset == "adk_burst_s3":
+                    mine = str(item.get("key", "")).startswith(f"burst/{tag}-")
+                elif asset == "adk_burst_pg":
+                    mine = str((item.get("row") or {}).get("dataset", "")).startswith(f"{tag}-")
+                elif asset == "adk_burst_kafka":
+                    mine = str((item.get("value") or {}).get("id", "")).startswith(f"{tag}-")
+                else:
+                    mine = True
+                if mine:
+                    found.append((event_id, item))
+        return found
+
+
+@dataclasses.dataclass
+class Outcome:
+    asset: str
+    size: int
+    items: int
+    fired: int
+    consumed: int
+    runs: int
+    seconds: float
+
+    def line(self) -> str:
+        return (
+            f"{self.asset:<20} {self.size:>5} items: {self.items:>5} fired in {self.fired:>3} events, "
+            f"{self.consumed:>3} consumed by {self.runs:>3} runs, last item -> its run {self.seconds:5.1f}s"
+        )
+
+
+def burst(world: Bursts, asset: str, size: int, triggerers: int) -> Outcome:
+    """One burst on ``asset``: made, fired, every event consumed by one run; what it took."""
+    tag = f"t{triggerers}-n{size}-{uuid.uuid4().hex[:6]}"
+    edges_before = {event_id for event_id, _ in world.events(asset)} if asset in EDGE_KINDS else set()
+    last = world.make(asset, tag, size)
+
+    def mine() -> list[tuple[int, dict[str, Any]]]:
+        return [(e, item) for e, item in world.tagged(asset, tag) if e not in edges_before]
+
+    def complete() -> list[tuple[int, dict[str, Any]]] | None:
+        found = mine()
+        return found if len(found) >= size else None
+
+    fired = wait_for(f"{size} items of {asset}", complete, timeout=120)
+    ids = {event_id for event_id, _ in fired}
+
+    def all_consumed() -> dict[int, list[tuple[int, float]]] | None:
+        runs = world.consumers(asset)
+        return runs if ids <= set(runs) else None
+
+    try:
+        wait_for(f"a run for every event of {asset}'s burst of {size}", all_consumed, timeout=BOUND + 30)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: events {sorted(ids)}, consumed {sorted(world.consumers(asset))}") from exc
+    time.sleep(2)  # nothing more fires for this burst
+    fired = mine()
+    assert len(fired) == size, (asset, size, len(fired))  # every item once: none lost, none twice
+    if asset in ITEM_KINDS:
+        assert len({json.dumps(item, sort_keys=True) for _, item in fired}) == size
+    consumed = world.consumers(asset)
+    assert all(len(consumed[event_id]) == 1 for event_id in ids), consumed  # one run each, never two
+    created = max(queued for event_id in ids for _, queued in consumed[event_id])
+    return Outcome(
+        asset,
+        size,
+        len(fired),
+        len(ids),
+        len(ids & set(consumed)),
+        len({run for event_id in ids for run, _ in consumed[event_id]}),
+        created - last,
+    )
+
+
+def all_bursts(world: Bursts, triggerers: int) -> list[Outcome]:
+    """Every kind's bursts, the kinds side by side (one thread each), the sizes one after another."""
+    outcomes: list[Outcome] = []
+    errors: list[BaseException] = []
+
+    def kind(asset: str) -> None:
+        try:
+            for size in ITEM_SIZES if asset in ITEM_KINDS else EDGE_SIZES:
+                outcomes.append(burst(world, asset, size, triggerers))
+        except BaseException as exc:  # reported below, with the others' outcomes
+            errors.append(exc)
+
+    threads = [threading.Thread(target=kind, args=(asset,), daemon=True) for asset in KINDS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=900)
+    print(f"\n{triggerers} triggerer(s):")
+    for outcome in sorted(outcomes, key=lambda o: (o.asset, o.size)):
+        print("  " + outcome.line())
+    if errors:
+        for name in ("triggerer", "triggerer-2"):
+            print(f"--- {name} log ---\n{world.airflow.log_tail(name, 6000)}")
+        raise errors[0]
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def bursts(
+    postgres_server: services.Postgres, s3_server: services.S3Server, kafka_broker: services.Kafka
+) -> Iterator[Bursts]:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    tag = uuid.uuid4().hex[:8]
+    table, bucket, topic = f"adk_e2e_bursts_{tag}", f"adk-e2e-bursts-{tag}", f"adk-e2e-bursts-{tag}"
+
+    async def create_topic() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create_topic())
+    postgres_server.psql(f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL)")
+    dsn = new_database(postgres_server, "airflow_bursts")
+    dags = Path(tempfile.mkdtemp(prefix="adk-bursts-dags-"))
+    for source in DAGS.glob("*.py"):
+        shutil.copy(source, dags / source.name)
+    flag = dags / "ready.flag"
+    with contextlib.ExitStack() as stack:
+        api_url = stack.enter_context(batch_api())
+        kafka = {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_broker.bootstrap_servers}}
+        airflow = LocalAirflow(
+            dags_folder=dags,
+            sql_alchemy_conn=sqlalchemy_url(dsn),
+            extra_env={
+                **event_connections(api_url, s3_server, postgres_server),
+                "AIRFLOW_CONN_ADK_E2E_KAFKA": json.dumps(kafka),
+                "ADK_E2E_BURST_BUCKET": bucket,
+                "ADK_E2E_BURST_TABLE": table,
+                "ADK_E2E_BURST_TOPIC": topic,
+                "ADK_E2E_BURST_BATCH": f"bursts-{tag}",
+                "ADK_E2E_BURST_FLAG": str(flag),
+                # The user's own wait module, shipped with the DAGs to every component.
+                "PYTHONPATH": os.pathsep.join([str(dags), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+            },
+        )
+        import botocore.session
+
+        client = botocore.session.get_session().create_client(
+            "s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1",
+            aws_access_key_id="e2e", aws_secret_access_key="e2e",
+        )  # fmt: skip
+        client.create_bucket(Bucket=bucket)
+        set_batch(api_url, f"bursts-{tag}", "pending")
+        world = Bursts(
+            airflow, dsn, postgres_server, client, kafka_broker.bootstrap_servers, api_url, bucket, table, topic,
+            f"bursts-{tag}", flag,
+        )  # fmt: skip
+        stack.callback(shutil.rmtree, dags, ignore_errors=True)
+        stack.callback(shutil.rmtree, airflow.home, ignore_errors=True)
+        stack.callback(airflow.stop)
+        airflow.start()
+        for asset in KINDS:
+            airflow.wait_for_dag(f"{asset}_consumer")
+        # Each watcher's first look is its starting point, saved once taken.
+        wait_for(
+            "every watcher's starting point",
+            lambda: len(world.query("SELECT DISTINCT asset_id FROM asset_state_store")) >= len(KINDS),
+            timeout=180,
+        )
+        yield world
+
+
+def check(outcomes: list[Outcome]) -> None:
+    expected = {(asset, size) for asset in ITEM_KINDS for size in ITEM_SIZES}
+    expected |= {(asset, size) for asset in EDGE_KINDS for size in EDGE_SIZES}
+    assert {(o.asset, o.size) for o in outcomes} == expected
+    for outcome in outcomes:
+        assert outcome.items == outcome.size, outcome.line()
+        assert outcome.consumed == outcome.fired, outcome.line()  # every event in a run
+        assert outcome.seconds <= BOUND, outcome.line()
+        if outcome.asset in ITEM_KINDS and outcome.size <= 10:
+            # Made at once: one look finds them, one event carries them (two if a look fell
+            # in the middle of making them).
+            assert outcome.fired <= 2, outcome.line()
+        if outcome.asset in EDGE_KINDS:
+            assert outcome.fired == outcome.size, outcome.line()  # one event per transition
+
+
+def test_every_event_of_a_burst_is_consumed_within_seconds_with_one_triggerer(bursts: Bursts) -> None:
+    check(all_bursts(bursts, triggerers=1))
+
+
+def test_every_event_of_a_burst_is_consumed_within_seconds_with_two_triggerers(bursts: Bursts) -> None:
+    world = bursts
+    [first] = running_triggerers(world.dsn)
+    # A second triggerer, then the first stopped and started again: the watchers it held are
+    # adopted by the second one until it is full (capacity 3), the rest by the first again.
+    world.airflow.extra_env = {**world.airflow.extra_env, "AIRFLOW__TRIGGERER__CAPACITY": "3"}
+    world.airflow.start_component("triggerer", name="triggerer-2")
+    second = wait_for("a second triggerer job", lambda: [j for j in running_triggerers(world.dsn) if j != first])[0]
+    world.airflow.extra_env = {**world.airflow.extra_env, "AIRFLOW__TRIGGERER__CAPACITY": "1000"}
+    world.airflow.stop_component("triggerer")
+    wait_for("the second triggerer holding three watchers", lambda: world.holders().get(second) == 3, timeout=120)
+    world.airflow.start_component("triggerer")
+
+    def shared() -> bool:
+        holders, running = world.holders(), set(running_triggerers(world.dsn))
+        return set(holders) <= running and len(holders) == 2
+
+    wait_for("both triggerers holding watchers", shared, timeout=120)
+    # The metadata DB names a watcher's new holder before the old one stopped running it (at
+    # its next state sync): wait until the holders stayed put for a while.
+    steady = world.holders()
+    end = time.monotonic() + 8
+    while time.monotonic() < end:
+        time.sleep(0.5)
+        if world.holders() != steady:
+            steady, end = world.holders(), time.monotonic() + 8
+    print(f"\nwatchers per triggerer job: {dict(world.holders())}")
+    check(all_bursts(world, triggerers=2))
