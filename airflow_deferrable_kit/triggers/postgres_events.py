@@ -29,7 +29,9 @@ transaction that took a lower id but committed after a higher one was judged) is
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from airflow_deferrable_kit._event_streams import Board
@@ -114,6 +116,7 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
         self._compile(columns)
         self._awaiting_baseline = False
         self._notified: asyncio.Event | None = None
+        self._unsubscribe: Callable[[], None] | None = None
         self._cursor_types: list[Any] | None = None
         self._base_types: list[Any] | None = None
         self._board: Board | None = None
@@ -240,6 +243,15 @@ class PostgresRowEventTrigger(EventTrigger, PostgresBatchMarkerTrigger):
         )
         self._notified = asyncio.Event()
         listener.subscribe(self._notified)
+        self._unsubscribe = functools.partial(listener.unsubscribe, self._notified)
+
+    async def release(self) -> None:
+        # The listener outlives this watcher while others of its channel hold it: stop being woken.
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe()
+        self._notified = None
+        await super().release()
 
     def wake_events(self) -> list[asyncio.Event]:
         return [self._notified] if self._notified is not None else []

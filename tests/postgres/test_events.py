@@ -209,6 +209,41 @@ async def test_a_notification_wakes_the_watchers_long_before_the_poll_interval(
         assert asyncio.get_running_loop().time() - started < 5
 
 
+async def test_a_watcher_that_leaves_a_shared_channel_is_no_longer_woken_by_it(
+    conn_id: str, admin: asyncpg.Connection, loads: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tables, one channel: one listener; the watcher of the first leaves, the other stays woken."""
+    from airflow_deferrable_kit.triggers import postgres_events
+
+    started: list[Any] = []
+    real_start = postgres_events.start_listener
+
+    async def recording(conn_id: str, channel: str) -> Any:
+        started.append(await real_start(conn_id, channel))
+        return started[-1]
+
+    monkeypatch.setattr(postgres_events, "start_listener", recording)
+    other = unique("loads")
+    await admin.execute(f"CREATE TABLE {other} (id serial PRIMARY KEY, dataset text NOT NULL, status text)")
+    channel = unique("loads_changed")
+    try:
+        async with WatcherHarness() as triggerer:
+            leaving = await triggerer.start(watcher(conn_id, loads, poll_interval=60, notify_channel=channel))
+            staying = await triggerer.start(watcher(conn_id, other, poll_interval=60, notify_channel=channel))
+            await quiet(1.0)
+            [listener] = started  # one listener for the channel, whatever the table
+            assert len(listener._waiters) == 2
+            assert leaving.task is not None
+            leaving.task.cancel()
+            await asyncio.gather(leaving.task, return_exceptions=True)
+            await until(lambda: len(listener._waiters) == 1, timeout=10)
+            await insert(admin, other, "b")
+            await admin.execute(f"NOTIFY {channel}")
+            await staying.wait_for_items(1, timeout=10)  # still woken, long before its 60 s poll
+    finally:
+        await admin.execute(f"DROP TABLE IF EXISTS {other}")
+
+
 # ------------------------------------------------------------------------ one query
 async def test_a_hundred_watchers_of_one_table_cost_one_query_per_round(
     conn_id: str, admin: asyncpg.Connection, loads: str
