@@ -76,6 +76,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.quiet import MachineBusy, quiet_cell
 from benchmarks.triggerer_load import (
     BUCKET,
     LagMeter,
@@ -617,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant (2: a b b a)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report", action="store_true", help="only print the table from --out")
+    parser.add_argument("--patience", type=float, default=600.0, help="seconds to wait for a quiet machine per cell")
+    parser.add_argument("--allow-busy", action="store_true", help="measure on a busy machine; marked busy")
     parser.add_argument("--variant", nargs=2, metavar=("CELL", "VARIANT"), help=argparse.SUPPRESS)
     parser.add_argument("--poisoner", nargs=3, metavar=("CELL", "VARIANT", "ENDPOINT"), help=argparse.SUPPRESS)
     parser.add_argument("--proxy", help=argparse.SUPPRESS)
@@ -644,7 +647,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = load(args.out)
     for name in args.cell or list(CELLS):
-        results[name] = run_pair(CELLS[name], args)
+        try:
+            with quiet_cell(patience=args.patience, allow_busy=args.allow_busy) as machine:
+                results[name] = {**run_pair(CELLS[name], args), **machine}
+        except MachineBusy as busy:
+            print(f"{name}: refused, {busy}; the recorded result (if any) is kept", file=sys.stderr, flush=True)
+            continue
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         print(report({name: results[name]}).splitlines()[-1], file=sys.stderr, flush=True)
     print(report(results))

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.quiet import MachineBusy, quiet_cell
 from benchmarks.triggerer_load import HOLD_PREFIX, KINDS, POLL_IS_ONE_REQUEST
 
 HERE = Path(__file__).resolve().parent
@@ -134,7 +135,29 @@ def key(r: dict[str, Any]) -> tuple[Any, ...]:
     return (r["kind"], r["impl"], r["n"], float(r["poll_interval"]), bool(r.get("freeze_gc")), session, harness_of(r))
 
 
-def run_cell(cell: dict[str, Any], python: str, timeout: float, harness: str = "airflow") -> dict[str, Any]:
+def run_cell(
+    cell: dict[str, Any],
+    python: str,
+    timeout: float,
+    harness: str = "airflow",
+    *,
+    patience: float = 600.0,
+    allow_busy: bool = False,
+) -> dict[str, Any]:
+    """One cell, alone on a quiet machine (see :mod:`benchmarks.quiet`), or refused."""
+    try:
+        with quiet_cell(patience=patience, allow_busy=allow_busy) as machine:
+            result = _run_cell(cell, python, timeout, harness)
+    except MachineBusy as busy:
+        result = {"kind": cell["kind"], "impl": cell["impl"], "n": cell["n"], "poll_interval": cell["poll"]}
+        result.update(harness=harness, error=f"refused: {busy}", refused=True, machine_before=busy.state.as_dict())
+        print(json.dumps(result)[:400], flush=True)
+        return result
+    result.update(machine)
+    return result
+
+
+def _run_cell(cell: dict[str, Any], python: str, timeout: float, harness: str) -> dict[str, Any]:
     datetime_startup = (
         ["--datetime-startup", str(10 + cell["n"] / 250)] if cell["kind"] == "datetime" and harness == "airflow" else []
     )
@@ -292,6 +315,7 @@ def tables(results: list[dict[str, Any]]) -> str:
     ]
     for r in sorted(done, key=lambda r: (r["n"], KINDS.index(r["kind"]), r["impl"], bool(r.get("freeze_gc")))):
         impl = r["impl"] + (", gc frozen" if r.get("freeze_gc") else "")
+        impl += " (**busy machine**)" if r.get("busy") else ""
         gc_text = f"{r['gc_pause_max_ms']} ({r['gc_full_collections']})" if "gc_pause_max_ms" in r else "-"
         startup = f"{fmt(r['startup_s'])} ({r['startup_first_polls']:,}/{r['n']:,})" if "startup_s" in r else "warm-up"
         made = f"{r['polls_made']:,}" if r.get("polls_made") is not None else "-"
@@ -373,6 +397,8 @@ def tables(results: list[dict[str, Any]]) -> str:
         off_kb = o["rss_per_trigger_kb"]
         rss_ratio = off_kb / max(kit_kb, 0.5)
         memory = f"{fmt(off_kb)} ÷ {fmt(kit_kb)} KB = {fmt(rss_ratio)}x {ok(rss_ratio >= 50)}"
+        if r.get("busy") or o.get("busy"):
+            cpu_text += " (**busy machine: not a result**)"
         lines.append(
             f"| {label(r)} | {r['n']:,} | {OFFICIAL_NAME[r['kind']]} | {cpu_text} | {memory} | "
             f"{r['sockets_max']} / {o['sockets_max']} | {fmt(r['latency_p99_s'])} "
@@ -464,6 +490,12 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--report", action="store_true", help="only rewrite RESULTS.md tables")
     parser.add_argument("--freeze-gc", action="store_true", help="run the cells with gc.freeze() after start-up")
+    parser.add_argument(
+        "--patience", type=float, default=600.0, help="seconds to wait for a quiet machine before refusing a cell"
+    )
+    parser.add_argument(
+        "--allow-busy", action="store_true", help="run a cell on a busy machine anyway; its result is marked busy"
+    )
     args = parser.parse_args()
     results = load()
     if not args.report:
@@ -477,7 +509,16 @@ def main() -> int:
                 # Phases, event timeout, cancel, start-up (up to 300 s); plus the flip (10,000 S3 PUTs take minutes).
                 budget = cell["warmup"] + cell["hold"] + 2 * cell["poll"] + 20 + 30 + 60 + cell["n"] / 50
                 budget += 300 + cell["n"] / 250 if args.harness == "airflow" else 0
-                result = run_cell({**cell, "freeze_gc": args.freeze_gc}, args.python, budget, args.harness)
+                result = run_cell(
+                    {**cell, "freeze_gc": args.freeze_gc},
+                    args.python,
+                    budget,
+                    args.harness,
+                    patience=args.patience,
+                    allow_busy=args.allow_busy,
+                )
+                if result.get("refused") and any(key(r) == key(result) for r in results):
+                    continue  # a refused cell never replaces a measured one
                 results = [r for r in results if key(r) != key(result)] + [result]
                 RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     write_report([r for r in results if harness_of(r) == args.harness])

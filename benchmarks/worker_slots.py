@@ -61,6 +61,7 @@ from airflow_deferrable_kit.audit import (
     run_audit,
     worker_intervals,
 )
+from benchmarks.quiet import MachineBusy, quiet_cell
 from scripts.airflow_local import LocalAirflow, WatchedRun
 from scripts.services import ServiceUnavailable
 
@@ -724,6 +725,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--parallelism", type=int, help="LocalExecutor parallelism; default 4 x sensors")
     parser.add_argument("--out", type=Path, default=OUT, help=f"the JSON results (default {OUT.relative_to(ROOT)})")
     parser.add_argument("--keep-home", action="store_true", help="keep the throw-away AIRFLOW_HOME to inspect")
+    parser.add_argument("--patience", type=float, default=600.0, help="seconds to wait for a quiet machine")
+    parser.add_argument("--allow-busy", action="store_true", help="measure on a busy machine; marked busy")
     args = parser.parse_args(argv)
     if args.sensors < 1:
         parser.error("--sensors must be at least 1")
@@ -745,6 +748,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parallelism=args.parallelism or 4 * args.sensors,
     )
     machine = machine_info()
+    try:
+        with quiet_cell(patience=args.patience, allow_busy=args.allow_busy) as quiet:
+            return measure(argv, args, settings, {**machine, **quiet})
+    except MachineBusy as busy:
+        print(f"worker_slots: refused, {busy}", file=sys.stderr)
+        return 3
+
+
+def measure(argv: Sequence[str], args: argparse.Namespace, settings: Settings, machine: dict[str, Any]) -> int:
+    """The measured run (alone on a quiet machine: see benchmarks/quiet.py)."""
     airflow = LocalAirflow(dags_folder=DAGS, extra_env=settings.env)
     began = time.monotonic()
     keep = args.keep_home
