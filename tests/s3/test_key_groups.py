@@ -156,7 +156,7 @@ async def test_a_throttled_listing_is_the_transient_error_a_throttled_head_is(
 ) -> None:
     poller = S3Poller(await open_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
     try:
-        group = poller._groups[bucket, "run-42/"] = KeyGroup("run-42/")
+        group = poller._groups.groups[bucket, "run-42/"] = KeyGroup("run-42/")
         now = asyncio.get_running_loop().time()
         for i in range(N):  # N waits on the folder have polled, and HEAD said 404 for each key
             group.note_poll(key(i), INTERVAL, now)
