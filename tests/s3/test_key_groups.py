@@ -310,13 +310,16 @@ async def test_a_key_that_appears_later_is_found_by_the_next_round_of_a_run_pref
     admin: Any, bucket: str, proxy: FaultProxy
 ) -> None:
     poller = S3Poller(await open_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
-    window = listing_reuse_window(INTERVAL)
+    # A long interval (a 1 s window, 20 expected polls in it): a slow round on a busy machine
+    # leaves no key stale before the next one.
+    interval = 10.0
+    window = listing_reuse_window(interval)
     try:
 
         async def round_of_polls() -> list[Any]:
             return list(
                 await asyncio.gather(
-                    *(poller.find_object(bucket, run_key(i), poll_interval=INTERVAL) for i in range(N))
+                    *(poller.find_object(bucket, run_key(i), poll_interval=interval) for i in range(N))
                 )
             )
 
