@@ -109,7 +109,7 @@ def deferral(
     kind: str, impl: str, i: int, poll: float, target: str | None, topics: int, start_ms: int
 ) -> tuple[str, dict[str, Any], dt.timedelta | None]:
     """Wait ``i`` of a cell as its sensor defers it."""
-    from benchmarks.triggerer_load import BUCKET, topic_of
+    from benchmarks.triggerer_load import BUCKET, s3_wait, topic_of
 
     if impl == "floor":
         return "benchmarks.faithful.FloorTrigger", {"moment": dt.datetime.fromisoformat(str(target)).timestamp()}, None
@@ -120,9 +120,9 @@ def deferral(
         if kind.startswith("s3"):
             from airflow_deferrable_kit.sensors.s3 import S3KeySensor
 
-            key = f"own/{i}/data.csv" if kind == "s3" else f"shared/*-{i:05d}.csv"
+            key, wildcard = s3_wait(kind, i)
             sensor: Any = S3KeySensor(
-                bucket_key=key, bucket_name=BUCKET, wildcard_match=kind != "s3", aws_conn_id="bench_aws", **kit
+                bucket_key=key, bucket_name=BUCKET, wildcard_match=wildcard, aws_conn_id="bench_aws", **kit
             )
         elif kind == "http":
             from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
@@ -151,9 +151,9 @@ def deferral(
     if kind.startswith("s3"):
         from airflow.providers.amazon.aws.sensors.s3 import S3KeySensor as OfficialS3KeySensor
 
-        key = f"own/{i}/data.csv" if kind == "s3" else f"shared/*-{i:05d}.csv"
+        key, wildcard = s3_wait(kind, i)
         sensor = OfficialS3KeySensor(
-            bucket_key=key, bucket_name=BUCKET, wildcard_match=kind != "s3", aws_conn_id="bench_aws", **official
+            bucket_key=key, bucket_name=BUCKET, wildcard_match=wildcard, aws_conn_id="bench_aws", **official
         )
     elif kind == "http":
         from airflow.providers.http.sensors.http import HttpSensor

@@ -50,6 +50,7 @@ OFFICIAL_NAME = {
     "s3": "amazon S3KeyTrigger",
     "s3-one-prefix": "amazon S3KeyTrigger (wildcard)",
     "s3-shared-prefix": "amazon S3KeyTrigger",
+    "s3-run-prefix": "amazon S3KeyTrigger",
     "http": "http HttpSensorTrigger",
     "http-one-url": "http HttpSensorTrigger (one URL)",
     "postgres": "naive one-connection-per-wait trigger (benchmarks/naive_postgres.py)",

@@ -30,10 +30,13 @@ Usage::
 
     python -m benchmarks.triggerer_load --kind s3 --impl kit --n 1000 --poll-interval 5 --hold 10
 
-S3 layouts: ``s3`` puts every key under its own prefix (``own/{i}/data.csv``); ``s3-one-prefix``
-waits with wildcard patterns ``shared/*-{i:05d}.csv`` under one prefix; ``s3-shared-prefix`` waits
-on exact keys ``shared/k-{i:05d}.csv`` (no wildcard) under one prefix. Both one-prefix layouts
-also hold ``SHARED_OTHER_OBJECTS`` unrelated objects under ``shared/``.
+S3 layouts (:func:`s3_wait`): ``s3`` puts every key under its own prefix, sharing no folder
+(``own-{i}/data.csv``: one HEAD per poll); ``s3-one-prefix`` waits with wildcard patterns
+``shared/*-{i:05d}.csv`` under one prefix; ``s3-shared-prefix`` waits on exact keys
+``shared/k-{i:05d}.csv`` (no wildcard) in one folder; ``s3-run-prefix`` waits on exact keys each
+in its own folder under one run prefix (``runs/run-1/{i}/data.csv``, the layout of partitioned
+outputs). The layouts after ``s3`` also hold ``SHARED_OTHER_OBJECTS`` unrelated objects under
+their prefix.
 HTTP layouts: ``http`` gives wait ``i`` its own URL (``/ready/{i}``); ``http-one-url`` puts every
 wait on one URL (``/ready/0``, the same connection and request), where the kit's waits share
 responses; its result adds ``requests_served``, the requests the server answered over the run.
@@ -73,6 +76,7 @@ KINDS = (
     "s3",
     "s3-one-prefix",
     "s3-shared-prefix",
+    "s3-run-prefix",
     "http",
     "http-one-url",
     "postgres",
@@ -88,6 +92,8 @@ TOPIC_PARTITIONS = 2
 #: Topics created per admin request when the flipper fills the broker.
 TOPICS_PER_REQUEST = 500
 SHARED_OTHER_OBJECTS = 100
+#: ``s3-run-prefix``: the run prefix every key's own folder is in.
+RUN_PREFIX = "runs/run-1/"
 #: ``postgres-tables``: wait ``i`` is on table ``markers_{i % POSTGRES_TABLES}`` (``postgres``: ``markers``).
 POSTGRES_TABLES = 100
 #: Kinds whose every poll is exactly one request (waits on one S3 prefix share listings).
@@ -97,6 +103,31 @@ HOLD_PREFIX = "HOLD "
 
 
 # ------------------------------------------------------------------------------ measuring
+def s3_wait(kind: str, i: int) -> tuple[str, bool]:
+    """``(bucket_key, wildcard_match)`` of wait ``i`` of an S3 kind, the same for both implementations."""
+    if kind == "s3":
+        return f"own-{i}/data.csv", False
+    if kind == "s3-one-prefix":
+        return f"shared/*-{i:05d}.csv", True
+    if kind == "s3-run-prefix":
+        return f"{RUN_PREFIX}{i}/data.csv", False
+    return f"shared/k-{i:05d}.csv", False
+
+
+def s3_object(kind: str, i: int) -> str:
+    """The key the flip puts for wait ``i`` of an S3 kind."""
+    return f"shared/k-{i:05d}.csv" if kind == "s3-one-prefix" else s3_wait(kind, i)[0]
+
+
+def s3_unrelated(kind: str) -> list[str]:
+    """Objects under a layout's prefix that no wait is on."""
+    if kind in ("s3-one-prefix", "s3-shared-prefix"):
+        return [f"shared/other-{j}.txt" for j in range(SHARED_OTHER_OBJECTS)]
+    if kind == "s3-run-prefix":
+        return [f"{RUN_PREFIX}_logs/{j}.txt" for j in range(SHARED_OTHER_OBJECTS)]
+    return []
+
+
 def table_of(kind: str, i: int) -> str:
     """The marker table wait ``i`` is on."""
     return "markers" if kind == "postgres" else f"markers_{i % POSTGRES_TABLES}"
@@ -284,16 +315,14 @@ async def _flipper(kind: str, n: int, endpoint: str, topics: int = 0, unrelated:
             config=Config(max_pool_connections=16),
         )
         s3.create_bucket(Bucket=BUCKET)
-        if kind in ("s3-one-prefix", "s3-shared-prefix"):
-            for j in range(SHARED_OTHER_OBJECTS):
-                s3.put_object(Bucket=BUCKET, Key=f"shared/other-{j}.txt", Body=b"x")
+        for other in s3_unrelated(kind):
+            s3.put_object(Bucket=BUCKET, Key=other, Body=b"x")
         print("READY", file=out, flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
         times = [0.0] * n
 
         def put(i: int) -> None:
-            key = f"own/{i}/data.csv" if kind == "s3" else f"shared/k-{i:05d}.csv"
-            s3.put_object(Bucket=BUCKET, Key=key, Body=b"a,b\n")
+            s3.put_object(Bucket=BUCKET, Key=s3_object(kind, i), Body=b"a,b\n")
             times[i] = time.time()
 
         from concurrent.futures import ThreadPoolExecutor
@@ -424,12 +453,11 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
             from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger as cls  # type: ignore[assignment]
         start_ms = int((time.time() - 60) * 1000)
         for i in range(n):
-            if kind == "s3":
-                kw: dict[str, Any] = {"bucket_key": f"own/{i}/data.csv", "bucket_name": BUCKET}
-            elif kind == "s3-one-prefix":
-                kw = {"bucket_key": f"shared/*-{i:05d}.csv", "bucket_name": BUCKET, "wildcard_match": True}
-            elif kind == "s3-shared-prefix":
-                kw = {"bucket_key": f"shared/k-{i:05d}.csv", "bucket_name": BUCKET}
+            if kind.startswith("s3"):
+                key, wildcard = s3_wait(kind, i)
+                kw: dict[str, Any] = {"bucket_key": key, "bucket_name": BUCKET}
+                if wildcard:
+                    kw["wildcard_match"] = True
             elif kind == "http":
                 kw = {"http_conn_id": "bench_http", "endpoint": f"ready/{i}"}
             elif kind == "http-one-url":
@@ -457,14 +485,12 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
         from airflow.providers.amazon.aws.triggers.s3 import S3KeyTrigger as ocls
 
         for i in range(n):
-            key = f"own/{i}/data.csv" if kind == "s3" else f"shared/*-{i:05d}.csv"
-            if kind == "s3-shared-prefix":
-                key = f"shared/k-{i:05d}.csv"
+            key, wildcard = s3_wait(kind, i)
             made.append(
                 ocls(
                     bucket_name=BUCKET,
                     bucket_key=key,
-                    wildcard_match=kind == "s3-one-prefix",
+                    wildcard_match=wildcard,
                     aws_conn_id="bench_aws",
                     poke_interval=poll,
                 )

@@ -6,8 +6,8 @@ most a short window (:func:`listing_reuse_window`, the rule of every shared poll
 is checked once for all the waits on it. A failed answer is shared too, for one backoff (the
 hold of :func:`airflow_deferrable_kit._shared_polls.failure_hold`): a throttled or failing bucket
 is asked less often than a healthy one, never once per waiting poll. Waits on exact keys
-of one folder share listings the same way when that is cheaper than one HEAD each
-(:meth:`S3Poller.find_object`; the rule and its bound are in
+of one folder, or of sibling folders under one prefix, share listings the same way when that is
+cheaper than one HEAD each (:meth:`S3Poller.find_object`; the rule and its bound are in
 :mod:`airflow_deferrable_kit._s3.key_groups`).
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
 from airflow_deferrable_kit._s3.client import S3Settings, classify_s3_error, open_client, retry_after_of
-from airflow_deferrable_kit._s3.key_groups import GROUP_SWEEP_SECONDS, MAX_LISTING_PAGES, KeyGroup, folder_of
+from airflow_deferrable_kit._s3.key_groups import MAX_LISTING_PAGES, KeyGroup, KeyGroups
 from airflow_deferrable_kit._s3.requests import DirectRequests
 from airflow_deferrable_kit._shared_polls import REUSE_MAX as LISTING_REUSE_MAX
 from airflow_deferrable_kit._shared_polls import SharedAnswers
@@ -56,6 +56,13 @@ class Listing:
         if not self._members and self.keys:
             self._members.update(self.keys)
         return key in self._members
+
+    def covers(self, key: str) -> bool:
+        """Whether the listing says if ``key`` exists: it is complete, or ``key`` sorts before its end.
+
+        S3 lists keys in UTF-8 byte order, which is the order of Python's ``str`` comparison.
+        """
+        return self.complete or (bool(self.keys) and key <= self.keys[-1])
 
     def candidates(self, tail: str) -> Sequence[int]:
         """Indexes, in key order, of the keys that end with ``tail`` (every key for ``""``)."""
@@ -96,8 +103,7 @@ class S3Poller:
         self.where = where  # the connection, for errors raised before S3 answered
         self._requests = DirectRequests(client)
         self._answers = SharedAnswers()
-        self._groups: dict[tuple[str, str], KeyGroup] = {}
-        self._groups_swept_at = 0.0
+        self._groups = KeyGroups()
 
     # ---------------------------------------------------------------------------- HEAD
     async def head_object(self, bucket: str, key: str) -> dict[str, Any] | None:
@@ -105,49 +111,42 @@ class S3Poller:
         return await self._requests.head_object(bucket, key)
 
     async def find_object(self, bucket: str, key: str, *, poll_interval: float) -> dict[str, Any] | None:
-        """What :meth:`head_object` says of ``key``, from a shared listing of its folder where cheaper.
+        """What :meth:`head_object` says of ``key``, from a shared listing of a prefix where cheaper.
 
-        The poll is counted in the key's folder group; when the group's rule says list
-        (:meth:`KeyGroup.lists`), a bounded listing of the folder that started at most
-        :func:`listing_reuse_window` before this poll answers "not yet" for a key it does not
-        hold. A key it does hold is then HEADed, so what a found key reports (payload fields,
+        The poll is counted in the key's groups (its folder, then the folders enclosing it); when
+        the rule picks one (:meth:`KeyGroups.route`), a bounded listing of that prefix that started
+        at most :func:`listing_reuse_window` before this poll answers "not yet" for a key it does
+        not hold. A key it does hold is then HEADed, so what a found key reports (payload fields,
         ``min_size``, and errors such as a 403 on ``s3:GetObject``) is exactly what HEAD says; a
         key's first poll is a HEAD too (:meth:`KeyGroup.may_list`), so a key the credentials may
         not read fails its own wait at once and no other.
         A listing that stopped at its page bound, or failed with anything but a transient error,
-        puts the folder on HEAD (:meth:`KeyGroup.head_only`); a transient one (throttling, 5xx,
+        puts the prefix on HEAD (:meth:`KeyGroup.head_only`); a transient one (throttling, 5xx,
         network) is raised as the :class:`TransientError` :func:`classify_s3_error` makes of it,
         to every poll that shares the listing and, for one hold, every poll after them
         (:mod:`airflow_deferrable_kit._shared_polls`).
         """
         now = asyncio.get_running_loop().time()
-        if now - self._groups_swept_at >= GROUP_SWEEP_SECONDS:
-            self._groups_swept_at = now
-            for idle in [where for where, group in self._groups.items() if group.idle(now)]:
-                del self._groups[idle]
-        folder = folder_of(key)
-        group = self._groups.get((bucket, folder))
-        if group is None:
-            group = self._groups[bucket, folder] = KeyGroup(folder)
-        group.note_poll(key, poll_interval, now)
         window = listing_reuse_window(poll_interval)
-        if group.may_list(key) and group.lists(window, now):
-            listing = await self._folder_listing(bucket, group, window)
-            if listing is not None and key not in listing:
+        route = self._groups.route(bucket, key, poll_interval, now, window)
+        if route.listing is not None:
+            listing = await self._prefix_listing(bucket, route.listing, window)
+            # Only a listing that reached past the key says it is absent (one stopped at its bound is None).
+            if listing is not None and listing.covers(key) and key not in listing:
                 return None
         found = await self._requests.head_object(bucket, key)
-        group.headed.add(key)  # HEAD answered (404, or an object min_size may still refuse): readable
+        route.headed(key)  # HEAD answered (404, or an object min_size may still refuse): readable
         return found
 
-    async def _folder_listing(self, bucket: str, group: KeyGroup, window: float) -> Listing | None:
-        """A shared listing of ``group``'s folder bounded at :data:`MAX_LISTING_PAGES`; ``None``: use HEAD.
+    async def _prefix_listing(self, bucket: str, group: KeyGroup, window: float) -> Listing | None:
+        """A shared listing of ``group``'s prefix bounded at :data:`MAX_LISTING_PAGES`; ``None``: use HEAD.
 
-        One listing of a folder is in flight at a time. A poll that finds one in flight that
+        One listing of a prefix is in flight at a time. A poll that finds one in flight that
         started more than ``window`` ago (too early to answer it) waits for it to end and then
         shares the listing that starts next, which began after the poll did: however slow the
-        listings, a folder costs one at a time, never one per window of their duration.
+        listings, a prefix costs one at a time, never one per window of their duration.
         """
-        what = ("folder", bucket, group.folder)
+        what = ("exact-keys", bucket, group.prefix)
         loop = asyncio.get_running_loop()
         while True:
             running = self._answers.in_flight(what)
@@ -157,22 +156,22 @@ class S3Poller:
             if listing_task.done() or loop.time() - started <= window:
                 break
             await asyncio.wait([listing_task])
-            if not group.lists(window, loop.time()):  # that listing put the folder on HEAD
+            if not group.lists(window, loop.time()):  # that listing put the prefix on HEAD
                 return None
         listing: Listing | None = await self._share(
-            what, window, LISTING_REUSE_MAX, lambda: self._list_folder(bucket, group)
+            what, window, LISTING_REUSE_MAX, lambda: self._list_prefix_of(bucket, group)
         )
         return listing
 
-    async def _list_folder(self, bucket: str, group: KeyGroup) -> Listing | None:
-        """List ``group``'s folder once; on the bound or a refusal, put the group on HEAD and say ``None``.
+    async def _list_prefix_of(self, bucket: str, group: KeyGroup) -> Listing | None:
+        """List ``group``'s prefix once; on the bound or a refusal, put the group on HEAD and say ``None``.
 
         Decided here, in the shared request, so that no poll starts another listing between
         the answer and the waits that shared it hearing of it.
         """
-        what = f"LIST s3://{bucket}/{group.folder}"
+        what = f"LIST s3://{bucket}/{group.prefix}"
         try:
-            listing = await self._list(bucket, group.folder, max_pages=MAX_LISTING_PAGES)
+            listing = await self._list(bucket, group.prefix, max_pages=MAX_LISTING_PAGES)
         except Exception as exc:
             error = classify_s3_error(exc, what=what, where=self.where)
             if error is None:

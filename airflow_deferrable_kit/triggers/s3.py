@@ -4,7 +4,8 @@ Runs on aiobotocore with one client per (connection, region, endpoint) shared by
 in the triggerer process. A HEAD that says 404 is "not yet"; throttling, 5xx and network errors
 back off; a missing bucket, a 403 or bad credentials end the wait at once with a clear message.
 Wildcard waits on the same literal prefix share one listing (see ``listing_reuse_window``), and
-so do many exact-key waits in one folder when that is cheaper than a HEAD each (``find_object``).
+so do many exact-key waits in one folder or under one prefix when that is cheaper than a HEAD
+each (``find_object``).
 The success payload says which objects matched, with size, ETag and last-modified time.
 """
 
