@@ -18,19 +18,19 @@ import inspect
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from datetime import timedelta
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import Any, ClassVar, Final, NoReturn, TypeVar
 
 from airflow.sdk import BaseOperator, BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.definitions._internal.mixins import ResolveMixin
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralError, TaskDeferralTimeout
-from airflow.triggers.base import BaseEventTrigger, BaseTrigger
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, StartTriggerArgs
 
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit.connections import misses_are_final
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value, timeout_payload
-from airflow_deferrable_kit.triggers.base import PollingTrigger, deadline_after, parse_deadline
+from airflow_deferrable_kit.triggers.base import BACKSTOP_SECONDS, PollingTrigger, deadline_after, parse_deadline
 
 T = TypeVar("T")
 
@@ -46,11 +46,22 @@ def log_preview(payload: Any) -> Any:
 
 #: Parameters of :class:`PollingTrigger` that the sensor fills in itself.
 SENSOR_MANAGED = frozenset(
-    {"poll_interval", "deadline", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push", "max_backoff"}
+    {
+        "poll_interval",
+        "deadline",
+        "end_from_trigger",
+        "soft_fail",
+        "never_fail",
+        "do_xcom_push",
+        "max_backoff",
+        "start_budget",
+    }
 )
 #: How long after the trigger's own deadline Airflow's backstop timeout fires. The trigger's
 #: timeout event normally wins; the backstop covers a trigger that never ran at all.
-BACKSTOP_GRACE = timedelta(seconds=60)
+BACKSTOP_GRACE = timedelta(seconds=BACKSTOP_SECONDS)
+#: The first Airflow whose scheduler starts a task in the triggerer with its templates rendered.
+START_FROM_TRIGGER_SINCE: Final = (3, 3)
 
 
 #: How an official parameter is refused: the message naming what to use instead, or a check of its
@@ -149,6 +160,28 @@ def is_unresolved(value: Any) -> bool:
     return False
 
 
+def _holds_xcom_arg(value: Any) -> bool:
+    if isinstance(value, ResolveMixin):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_xcom_arg(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_xcom_arg(v) for v in value)
+    return False
+
+
+def _airflow_version_text() -> str:
+    from airflow import __version__
+
+    return str(__version__)
+
+
+def _airflow_version() -> tuple[int, int]:
+    parts = [int("".join(c for c in part if c.isdigit()) or 0) for part in _airflow_version_text().split(".")[:2]]
+    major, minor, *_ = [*parts, 0, 0]
+    return major, minor
+
+
 def listeners_registered() -> bool:
     """Whether this process has listener plugins (Airflow's example listener, OpenLineage, ...).
 
@@ -191,6 +224,10 @@ class DeferrableSensor(BaseSensorOperator):
     :param end_from_trigger: let the triggerer finish the task (success, skip or failure) with
         the payload as XCom, so no worker slot is taken on resume.
     :param max_backoff: cap, in seconds, of the backoff after repeated transient errors.
+    :param start_from_trigger: (Airflow 3.3+) start the task in the triggerer: the scheduler
+        defers it at once, with no worker, and the trigger renders the templated arguments
+        itself; with ``end_from_trigger`` too, no worker ever runs it. ``timeout`` counts from
+        that start. See docs/start-from-trigger.md for what cannot start there.
 
     ``timeout`` is one budget for the whole wait; ``soft_fail`` skips the task on timeout only,
     never on an error. ``timeout``, ``poke_interval`` and ``max_backoff`` are checked when the
@@ -209,6 +246,8 @@ class DeferrableSensor(BaseSensorOperator):
     #: generic "Invalid arguments were passed". One accepted by its check is dropped, unless it is
     #: also one of this sensor's own parameters.
     official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {}
+    #: Why this sensor cannot start in the triggerer (``start_from_trigger``), or ``None`` if it can.
+    cannot_start_in_triggerer: ClassVar[str | None] = None
     #: The templated fields that may name a template file (``template_ext``); every other field,
     #: and every value nested inside one, is rendered as text even if it ends in ``.sql``.
     file_template_fields: ClassVar[tuple[str, ...]] = ()
@@ -234,6 +273,7 @@ class DeferrableSensor(BaseSensorOperator):
         check_before_defer: bool = True,
         end_from_trigger: bool = False,
         max_backoff: float = 300.0,
+        start_from_trigger: bool = False,
         **kwargs: Any,
     ) -> None:
         names = self.wait_parameter_names()
@@ -257,8 +297,8 @@ class DeferrableSensor(BaseSensorOperator):
         for name in names:
             if not hasattr(self, name):
                 setattr(self, name, self._default_of(name))
-        if deferrable is None:
-            deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
+        if deferrable is None:  # starting in the triggerer is deferring: the official sensors' ports need no flag
+            deferrable = start_from_trigger or conf.getboolean("operators", "default_deferrable", fallback=False)
         self.deferrable = deferrable
         self.check_before_defer = check_before_defer
         if deferrable and getattr(self, "exponential_backoff", False):
@@ -284,6 +324,74 @@ class DeferrableSensor(BaseSensorOperator):
             require_extra(trigger_class.extra, *trigger_class.extra_modules, needed_by=type(self).__name__)
         if not is_unresolved([getattr(self, name) for name in names]):
             self.build_trigger(deadline=None)  # validates every argument at DAG parse
+        self.start_from_trigger = False
+        if start_from_trigger:
+            self._refuse_start_from_trigger()
+            self.start_from_trigger = True
+            self._set_start_trigger_args()
+
+    # ------------------------------------------------------------ starting in the triggerer
+    def _refuse_start_from_trigger(self) -> None:
+        """What cannot start in the triggerer is refused here, at DAG parse, with the fix."""
+        where = f"{type(self).__name__} (task_id={self.task_id!r}): start_from_trigger=True"
+        if not isinstance(self.__dict__.get("start_from_trigger", False), bool):
+            raise TypeError(f"{where}: start_from_trigger must be True or False")
+        if _airflow_version() < START_FROM_TRIGGER_SINCE:
+            raise ValueError(
+                f"{where} needs Airflow 3.3 or later (this is {_airflow_version_text()}): the scheduler of earlier "
+                "versions does not render the templated arguments in the triggerer. Drop start_from_trigger; the "
+                "task then defers from a worker"
+            )
+        if not self.deferrable:
+            raise ValueError(f"{where} needs deferrable=True: a poke or reschedule wait runs in a worker")
+        if type(self).cannot_start_in_triggerer is not None:
+            raise ValueError(f"{where} is not possible: {type(self).cannot_start_in_triggerer}")
+        if self.checks_in_worker():
+            raise ValueError(
+                f"{where} cannot be combined with a callable checked in the worker ({self.checks_in_worker()}): "
+                "a wait started in the triggerer has no worker to run it. Give the check as an importable "
+                "path the triggerer can call (see the sensor's docs), or drop start_from_trigger"
+            )
+        unresolved_xcoms = [name for name in self.wait_parameter_names() if _holds_xcom_arg(getattr(self, name, None))]
+        if unresolved_xcoms:
+            raise ValueError(
+                f"{where}: {', '.join(unresolved_xcoms)} come(s) from an upstream task's XCom, which Airflow "
+                "does not resolve in the triggerer; use a template instead, e.g. "
+                "\"{{ ti.xcom_pull(task_ids='upstream') }}\" (rendered as text), or drop start_from_trigger"
+            )
+        budget = timedelta(seconds=float(self.timeout)) + BACKSTOP_GRACE
+        if self.execution_timeout is not None and self.execution_timeout < budget:
+            raise ValueError(
+                f"{where}: execution_timeout={self.execution_timeout} is shorter than timeout "
+                f"({float(self.timeout):g} s) plus {BACKSTOP_SECONDS:g} s, and would end the wait before its own "
+                "timeout could; raise execution_timeout or lower timeout"
+            )
+
+    def _set_start_trigger_args(self) -> None:
+        """This task's ``start_trigger_args``: the trigger's kwargs with a budget, not a deadline."""
+        trigger = self.trigger_class
+        names = self.wait_parameter_names()
+        raw = [getattr(self, name) for name in names]
+        params = self.trigger_params() if not is_unresolved(raw) else dict(zip(names, raw, strict=True))
+        kwargs = {
+            **params,
+            "poll_interval": self.poke_interval,
+            "end_from_trigger": self.end_from_trigger,
+            "soft_fail": self.soft_fail,
+            "never_fail": self.never_fail,
+            "do_xcom_push": self.do_xcom_push,
+            "max_backoff": self.max_backoff,
+            "start_budget": float(self.timeout),
+        }
+        if not is_unresolved(raw):
+            kwargs = trigger(**kwargs).serialize()[1]  # checked now, at DAG parse
+        self.start_trigger_args = StartTriggerArgs(
+            trigger_cls=f"{trigger.__module__}.{trigger.__qualname__}",
+            trigger_kwargs=kwargs,
+            next_method="execute_complete",
+            next_kwargs=None,
+            timeout=timedelta(seconds=float(self.timeout)) + BACKSTOP_GRACE,
+        )
 
     # ------------------------------------------------------- the official sensors' names
     def _hook_apply_defaults(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -376,6 +484,8 @@ class DeferrableSensor(BaseSensorOperator):
         """Read template files (at DAG parse) only for :attr:`file_template_fields`."""
         with self._template_fields_narrowed_to(self.file_template_fields):
             super().resolve_template_files()
+        if self.start_from_trigger:
+            self._set_start_trigger_args()  # the triggerer gets the file's text, not its name
 
     def render_template_fields(self, context: Context, jinja_env: Any = None) -> None:
         """Render as Airflow does, with ``template_ext`` applied only to :attr:`file_template_fields`.

@@ -110,6 +110,10 @@ class KafkaMessageSensor(DeferrableSensor):
     """
 
     trigger_class = KafkaMessageTrigger
+    cannot_start_in_triggerer = (
+        "where the wait starts reading (the log end when it starts) is fixed by the worker at its first "
+        "deferral and kept in the task state store, which a trigger cannot reach in Airflow 3.3"
+    )
     template_fields: Sequence[str] = (
         "topics",
         "kafka_conn_id",

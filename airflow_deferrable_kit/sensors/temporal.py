@@ -54,13 +54,10 @@ class DateTimeSensor(DeferrableSensor):
     trigger_class = DateTimeTrigger
     official_sensor = "DateTimeSensorAsync"
     official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {
-        "start_from_trigger": unless_default(
-            "the wait starts in the worker, which renders and checks target_time, fixes the absolute deadline "
-            "of timeout and looks once before deferring; pass check_before_defer=False to defer at once",
-            False,
-        ),
         "trigger_kwargs": unless_default(
-            "it only feeds start_from_trigger, which is not supported; target_time is the one argument", None
+            "the trigger's kwargs are built from target_time (start_from_trigger=True takes them from it too); "
+            "target_time is the one argument",
+            None,
         ),
     }
     template_fields = ("target_time",)
@@ -149,6 +146,11 @@ class RunMomentSensor(DeferrableSensor):
     """
 
     trigger_class = DateTimeTrigger
+    cannot_start_in_triggerer = (
+        "its moment is worked out when a try starts (from the run's dates, the DAG's timezone or the clock), in "
+        'a worker; use DateTimeSensor with the moment as a template (target_time="{{ data_interval_end }}"), '
+        "which the triggerer renders"
+    )
     #: The sensor's own argument the moment comes from, named in errors.
     moment_argument: ClassVar[str]
     _target_time: str | None = None
@@ -223,7 +225,8 @@ class TimeSensor(RunMomentSensor):
     official_refusals: ClassVar[Mapping[str, OfficialRefusal]] = {
         "start_from_trigger": unless_default(
             "the moment depends on the run's date and the DAG's timezone, so it is worked out in the worker "
-            "when the task starts; pass check_before_defer=False to defer at once",
+            'when the task starts; use DateTimeSensor(target_time="{{ ... }}", start_from_trigger=True) with '
+            "the moment as a template, or pass check_before_defer=False to defer at once",
             False,
         ),
         "trigger_kwargs": unless_default(

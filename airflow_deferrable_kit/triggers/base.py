@@ -257,6 +257,12 @@ class PollingTrigger(BaseTrigger):
     :param do_xcom_push: with ``end_from_trigger``, push the success payload as the XCom (a skip
         or a failure pushes none, as on the worker path).
     :param max_backoff: the cap, in seconds, of the backoff after repeated transient errors.
+    :param start_budget: set by a sensor with ``start_from_trigger`` instead of ``deadline``:
+        the wait's budget in seconds, counted from when Airflow started the task in the
+        triggerer. The deadline is then read from Airflow's own trigger timeout of that try
+        (``timeout_after``, stored with the task instance, so a restarted or adopting triggerer
+        counts from the same moment): :data:`BACKSTOP_SECONDS` before it. Left out of the
+        kwargs when unset.
 
     With ``end_from_trigger`` the task ends as it would on the worker path: a success ends it
     from the triggerer (payload as XCom), as does a skip; an error fails it with the normal
@@ -272,6 +278,7 @@ class PollingTrigger(BaseTrigger):
     never_fail: bool = False
     do_xcom_push: bool = True
     max_backoff: float = 300.0
+    start_budget: float | None = None
 
     #: Optional extra this trigger's client comes from, and the modules it provides.
     extra: ClassVar[str | None] = None
@@ -302,6 +309,14 @@ class PollingTrigger(BaseTrigger):
         self._metrics = for_trigger(type(self))
         if self.extra is not None:
             require_extra(self.extra, *self.extra_modules, needed_by=type(self).__name__)
+        if self.start_budget is not None and holds_template(self._kwargs()):
+            # Started by Airflow from the sensor's start_trigger_args: the templated arguments
+            # are rendered in the triggerer after the constructor, then checked
+            # (render_template_fields); the sensor checked everything else at DAG parse.
+            return
+        self._check_arguments()
+
+    def _check_arguments(self) -> None:
         self._validate_common()
         self.validate()
         require_json_primitives(self._kwargs(), what=f"{type(self).__name__} kwargs")
@@ -330,6 +345,10 @@ class PollingTrigger(BaseTrigger):
             require_seconds(getattr(self, name), argument=name)
         if self.deadline is not None:
             self._deadline_ts = parse_deadline(self.deadline)
+        if self.start_budget is not None:
+            require_seconds(self.start_budget, argument="start_budget", allow_zero=True)
+            if self.deadline is not None:
+                raise ValueError("start_budget and deadline are two ways to say when the wait ends; give one")
 
     def validate(self) -> None:
         """Check the subclass's parameters; raise ``ValueError`` naming the argument."""
@@ -392,7 +411,45 @@ class PollingTrigger(BaseTrigger):
         return tuple(f.name for f in dataclasses.fields(cls))
 
     def _kwargs(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.parameter_names()}
+        kwargs = {name: getattr(self, name) for name in self.parameter_names()}
+        if kwargs.get("start_budget", 0) is None:
+            del kwargs["start_budget"]  # only a wait Airflow starts in the triggerer has one
+        return kwargs
+
+    # ------------------------------------------------------------- started in the triggerer
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        """Render the sensor's templated arguments (Airflow, ``start_from_trigger``), then check them.
+
+        Airflow 3.3 renders the trigger kwargs named like the sensor's template fields, in the
+        triggerer, just before :meth:`run`. The rendered values are checked as the sensor checks
+        them on a worker; whatever is wrong (a bad value, a template that fails) ends the wait
+        with one ``error`` event naming it, never an exception in the triggerer. Template files
+        were read when the DAG was parsed: nothing here is read as a file name.
+        """
+        self.template_ext = ()
+        try:
+            super().render_template_fields(context, jinja_env)
+            self._check_arguments()
+        except Exception as exc:
+            self._unbuilt = FatalError(
+                f"{type(self).__name__}: the arguments rendered in the triggerer are not valid: "
+                f"{describe_exception(exc)}",
+                error_type=ErrorType.BAD_CONFIGURATION,
+            )
+            self.log.error("%s", redact(self._unbuilt.message))
+
+    def _deadline_from_start(self) -> None:
+        """With ``start_budget``: the deadline from Airflow's trigger timeout of this try."""
+        if self.start_budget is None or self._deadline_ts is not None:
+            return
+        after = getattr(self, "timeout_after", None)
+        if isinstance(after, dt.datetime):
+            if after.tzinfo is None:
+                after = after.replace(tzinfo=dt.timezone.utc)
+            self._deadline_ts = after.timestamp() - BACKSTOP_SECONDS
+        else:  # not started by Airflow (a test, dag.test()): from now, in memory only
+            self._deadline_ts = self.clock.time() + float(self.start_budget)
+        self.deadline = dt.datetime.fromtimestamp(self._deadline_ts, tz=dt.timezone.utc).isoformat()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", self._kwargs()
@@ -406,6 +463,7 @@ class PollingTrigger(BaseTrigger):
 
     # ------------------------------------------------------------------------ the loop
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        self._deadline_from_start()
         if self._unbuilt is not None:
             # A plain event, whatever the flags (they may be what was wrong): the task resumes
             # on a worker, which fails it with this message, as it would at its first look.
@@ -606,7 +664,23 @@ class PollingTrigger(BaseTrigger):
 _DEADLINE = object()
 
 #: Names ``BaseTrigger`` sets or uses on every instance (``__init__`` resets some of them).
-_BASE_TRIGGER_ATTRIBUTES = frozenset({"trigger_id", "task_id", "template_fields", "template_ext", "task_instance"})
+_BASE_TRIGGER_ATTRIBUTES = frozenset(
+    {"trigger_id", "task_id", "template_fields", "template_ext", "task_instance", "timeout_after", "triggerer_job_id"}
+)
+#: How long after a wait's own deadline Airflow's backstop timeout fires: the wait's timeout
+#: event normally wins; the backstop covers a trigger that never ran at all.
+BACKSTOP_SECONDS: Final = 60.0
+
+
+def holds_template(value: Any) -> bool:
+    """Whether ``value`` (kwargs, nested) still holds an unrendered Jinja template."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(holds_template(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(holds_template(v) for v in value)
+    return False
 
 
 #: The module of Airflow's trigger runner (``TriggerRunner.create_triggers`` builds triggers).

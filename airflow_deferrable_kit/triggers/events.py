@@ -57,7 +57,7 @@ from airflow_deferrable_kit.payload import Found, fit_payload, json_safe, json_s
 from airflow_deferrable_kit.triggers.base import PollingTrigger, register_event_form
 
 #: Parameters of a wait that an event trigger, which never ends, cannot take.
-WAIT_ONLY: Final = ("deadline", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push")
+WAIT_ONLY: Final = ("deadline", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push", "start_budget")
 #: Parameters that say how often or how hard to look, never what is watched: left out of the
 #: watermark's key, so changing them keeps the watermark.
 HOW_TO_LOOK: Final = ("poll_interval", "max_backoff", "backfill", "min_event_interval")

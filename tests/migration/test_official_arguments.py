@@ -177,11 +177,6 @@ REFUSED = [
     (S3KeySensor, {"bucket_key": KEY, "botocore_config": {"retries": {}}}, r"botocore_config=.*config_kwargs"),
     (
         DateTimeSensor,
-        {"target_time": "2030-01-01", "start_from_trigger": True},
-        r"start_from_trigger=.*check_before_defer=False",
-    ),
-    (
-        DateTimeSensor,
         {"target_time": "2030-01-01", "trigger_kwargs": {"moment": "x"}},
         r"trigger_kwargs=.*start_from_trigger",
     ),

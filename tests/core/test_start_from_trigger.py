@@ -1,0 +1,196 @@
+"""start_from_trigger: a sensor's task starts in the triggerer, with its templates rendered there.
+
+The scheduler (Airflow 3.3+) builds the trigger from the task's ``start_trigger_args`` with the
+arguments as written, sets the trigger timeout of the try (``timeout_after``), renders the
+arguments named like the sensor's template fields, and runs it. These tests do each of those
+steps as Airflow's own code does them; tests/e2e/test_start_from_trigger_e2e.py runs a real one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG
+from airflow.serialization.serialized_objects import DagSerialization
+
+from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE
+from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
+from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
+from airflow_deferrable_kit.sensors.s3 import S3KeySensor
+from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor
+from airflow_deferrable_kit.triggers.base import BACKSTOP_SECONDS
+from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
+from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
+
+
+def started(trigger_cls: type[Any], kwargs: dict[str, Any], *, fields: tuple[str, ...], context: dict[str, Any]) -> Any:
+    """The trigger as Airflow's triggerer makes it: built from the raw kwargs, then rendered."""
+    trigger = trigger_cls(**kwargs)
+    trigger.template_fields = tuple(name for name in fields if name in kwargs)
+    trigger.render_template_fields(context)
+    return trigger
+
+
+async def first_event(trigger: Any) -> Any:
+    async for event in trigger.run():
+        return event
+    raise AssertionError("no event")
+
+
+def test_a_static_sensor_carries_checked_kwargs_with_a_budget_and_no_deadline() -> None:
+    sensor = DateTimeSensor(
+        task_id="at", target_time="2030-01-01T10:00:00+01:00", timeout=600, start_from_trigger=True, deferrable=True
+    )
+    args = sensor.start_trigger_args
+    assert sensor.start_from_trigger is True and args is not None
+    assert args.trigger_cls == "airflow_deferrable_kit.triggers.temporal.DateTimeTrigger"
+    assert args.trigger_kwargs is not None
+    assert args.trigger_kwargs["target_time"] == "2030-01-01T09:00:00+00:00"  # checked and normalised at parse
+    assert args.trigger_kwargs["start_budget"] == 600.0 and args.trigger_kwargs["deadline"] is None
+    assert args.next_method == "execute_complete" and args.timeout == dt.timedelta(seconds=600) + BACKSTOP_GRACE
+    DateTimeTrigger(**args.trigger_kwargs)  # buildable as the triggerer will
+
+
+def test_the_start_arguments_reach_the_serialized_dag() -> None:
+    with DAG(dag_id="sft", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        S3KeySensor(
+            task_id="wait",
+            bucket_key="s3://bucket/{{ ds }}/data.csv",
+            aws_conn_id="aws",
+            deferrable=True,
+            start_from_trigger=True,
+            end_from_trigger=True,
+            timeout=120,
+        )
+    task = DagSerialization.from_dict(DagSerialization.to_dict(dag)).get_task("wait")
+    assert task.start_from_trigger is True
+    kwargs = task.start_trigger_args.trigger_kwargs
+    kwargs = kwargs.get("__var", kwargs)
+    assert kwargs["bucket_key"] == "s3://bucket/{{ ds }}/data.csv"  # rendered in the triggerer
+    assert kwargs["start_budget"] == 120.0 and kwargs["end_from_trigger"] is True
+
+
+def test_templates_are_rendered_in_the_triggerer_and_then_checked() -> None:
+    sensor = S3KeySensor(
+        task_id="wait", bucket_key="s3://bucket/{{ ds }}/data.csv", aws_conn_id="aws", deferrable=True,
+        start_from_trigger=True, timeout=60,
+    )  # fmt: skip
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    trigger = started(S3KeyTrigger, kwargs, fields=sensor.template_fields, context={"ds": "2026-12-02"})
+    assert trigger._unbuilt is None
+    assert trigger.bucket_key == "s3://bucket/2026-12-02/data.csv"
+
+
+async def test_a_rendered_value_that_is_not_valid_ends_the_wait_with_one_clear_error() -> None:
+    sensor = DateTimeSensor(
+        task_id="at", target_time="{{ ds }}", timeout=60, start_from_trigger=True, deferrable=True
+    )  # a date with no time or offset: not a moment
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    trigger = started(DateTimeTrigger, kwargs, fields=sensor.template_fields, context={"ds": "2026-12-02"})
+    event = await first_event(trigger)
+    assert event.payload["status"] == "error" and event.payload["error_type"] == "bad_configuration"
+    assert "rendered in the triggerer" in event.payload["message"] and "target_time" in event.payload["message"]
+
+
+async def test_the_deadline_is_the_budget_counted_from_airflows_trigger_timeout_of_the_try() -> None:
+    sensor = DateTimeSensor(
+        task_id="at", target_time="2099-01-01T00:00:00+00:00", timeout=2, start_from_trigger=True, deferrable=True,
+        poke_interval=0.2,
+    )  # fmt: skip
+    trigger = DateTimeTrigger(**sensor.start_trigger_args.trigger_kwargs)
+    # What the scheduler stored when it deferred the task 1 s ago: start + timeout + the grace.
+    trigger.timeout_after = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=2 + BACKSTOP_SECONDS - 1)
+    began = time.monotonic()
+    event = await first_event(trigger)
+    assert event.payload["status"] == "timeout"
+    assert 0.5 < time.monotonic() - began < 2.0  # the 1 s left of the 2 s budget, not a fresh 2 s
+    # A restarted triggerer rebuilds it from the same kwargs and the same stored timeout: same deadline.
+    again = DateTimeTrigger(**sensor.start_trigger_args.trigger_kwargs)
+    again.timeout_after = trigger.timeout_after
+    assert (await first_event(again)).payload["status"] == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("build", "reason"),
+    [
+        (lambda: DateTimeSensor(task_id="t", target_time="2030-01-01T00:00:00Z", start_from_trigger=True,
+                                deferrable=False), "needs deferrable=True"),
+        (lambda: TimeDeltaSensor(task_id="t", delta=dt.timedelta(minutes=5), start_from_trigger=True, deferrable=True),
+         "its moment is worked out when a try starts"),
+        (lambda: KafkaMessageSensor(task_id="t", topics="orders", kafka_conn_id="k", start_from_trigger=True,
+                                    deferrable=True), "task state store"),
+        (lambda: HttpBatchReadySensor(task_id="t", http_conn_id="api", endpoint="x", response_check=lambda r: True,
+                            start_from_trigger=True, deferrable=True), "callable checked in the worker"),
+        (lambda: DateTimeSensor(task_id="t", target_time="2030-01-01T00:00:00Z", start_from_trigger=True,
+                                deferrable=True, timeout=3600, execution_timeout=dt.timedelta(minutes=30)),
+         "execution_timeout"),
+    ],
+)  # fmt: skip
+def test_what_cannot_start_in_the_triggerer_is_refused_at_parse_with_the_reason(build: Any, reason: str) -> None:
+    with pytest.raises(ValueError, match="start_from_trigger=True") as raised:
+        build()
+    assert reason in str(raised.value)
+
+
+def test_an_upstream_xcom_is_refused_with_a_template_to_use_instead() -> None:
+    with DAG(dag_id="sft_xcom", schedule=None, start_date=dt.datetime(2024, 1, 1)):
+        from airflow.sdk import task
+
+        @task
+        def key() -> str:
+            return "data.csv"
+
+        with pytest.raises(ValueError, match="xcom_pull"):
+            S3KeySensor(task_id="wait", bucket_key=key(), bucket_name="my-bucket", start_from_trigger=True, timeout=60)
+
+
+def test_without_start_from_trigger_nothing_changes() -> None:
+    sensor = S3KeySensor(task_id="wait", bucket_key="s3://my-bucket/k", deferrable=True)
+    assert sensor.start_from_trigger is False and sensor.start_trigger_args is None
+    _, kwargs = sensor.build_trigger(deadline="2030-01-01T00:00:00+00:00").serialize()
+    assert "start_budget" not in kwargs  # a deferral's kwargs are as they were
+
+
+def test_the_official_date_time_sensor_call_ports_unchanged() -> None:
+    """``DateTimeSensor(task_id=..., target_time=..., start_from_trigger=True)``: deferrable is implied."""
+    sensor = DateTimeSensor(task_id="at", target_time="2030-01-01", start_from_trigger=True, trigger_kwargs=None)
+    assert sensor.deferrable and sensor.start_from_trigger
+    assert sensor.start_trigger_args.trigger_kwargs["target_time"] == "2030-01-01T00:00:00+00:00"
+
+
+def test_a_postgres_sql_file_goes_to_the_triggerer_as_its_text(tmp_path: Any) -> None:
+    from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
+    from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
+
+    (tmp_path / "ready.sql").write_text("SELECT status FROM etl.batches WHERE day = '{{ ds }}'")
+    with DAG(dag_id="sft_pg", schedule=None, start_date=dt.datetime(2024, 1, 1), template_searchpath=[str(tmp_path)]):
+        sensor = PostgresBatchMarkerSensor(
+            task_id="ready", postgres_conn_id="pg", sql="ready.sql", start_from_trigger=True, timeout=60
+        )
+    sensor.resolve_template_files()  # what the DAG processor does after building the DAG
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    assert kwargs["sql"] == "SELECT status FROM etl.batches WHERE day = '{{ ds }}'"
+    trigger = started(PostgresBatchMarkerTrigger, kwargs, fields=sensor.template_fields, context={"ds": "2026-12-02"})
+    assert trigger._unbuilt is None and trigger.sql == "SELECT status FROM etl.batches WHERE day = '2026-12-02'"
+
+
+def test_an_http_wait_renders_its_endpoint_in_the_triggerer() -> None:
+    from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
+
+    sensor = HttpBatchReadySensor(
+        task_id="ready", http_conn_id="api", endpoint="v1/batches/{{ ds }}/status", start_from_trigger=True, timeout=60
+    )
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    trigger = started(HttpBatchReadyTrigger, kwargs, fields=tuple(sensor.template_fields), context={"ds": "2026-12-02"})
+    assert trigger._unbuilt is None and trigger.endpoint == "v1/batches/2026-12-02/status"
+
+
+def test_an_airflow_before_3_3_is_refused_at_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_deferrable_kit.sensors import base
+
+    monkeypatch.setattr(base, "_airflow_version_text", lambda: "3.2.0")
+    with pytest.raises(ValueError, match=r"needs Airflow 3\.3 or later \(this is 3\.2\.0\)"):
+        DateTimeSensor(task_id="at", target_time="2030-01-01T00:00:00Z", start_from_trigger=True)

@@ -1,0 +1,116 @@
+"""``start_from_trigger`` on a real Airflow 3.3.2: tasks that start and end in the triggerer.
+
+One run of ``adk_e2e_start_from_trigger`` (tests/e2e/dags/e2e_start_from_trigger.py), then per
+task: its states, its tries, how many worker processes ran it (a worker's log says
+``Worker startup parse complete`` once per start) and its XCom. The success paths never touch a
+worker; a timeout that fails the task goes to a worker to raise the sensor timeout (never
+retried), as with ``end_from_trigger`` alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import time
+import urllib.error
+from typing import Any
+
+import pytest
+
+from scripts import services
+from scripts.airflow_local import LocalAirflow, WatchedRun
+from scripts.demo import Showcase
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "adk_e2e_start_from_trigger"
+BUCKET = "adk-e2e-start"
+TIMEOUT_SECONDS = 10
+WORKER_STARTED = "Worker startup parse complete"
+
+
+@pytest.fixture(scope="module")
+def started(showcase: Showcase, s3_server: services.S3Server) -> tuple[WatchedRun, dict[str, Any]]:
+    import botocore.session
+
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1",
+        aws_access_key_id="demo", aws_secret_access_key="demo",
+    )  # fmt: skip
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=BUCKET)
+    airflow = showcase.airflow
+    airflow.wait_for_dag(DAG_ID)
+    key = f"drop/{int(time.time())}.csv"
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=15)).replace(microsecond=0)
+    conf = {"key": key, "soon": soon.isoformat()}
+    run_id = airflow.trigger(DAG_ID, conf)
+    time.sleep(8)  # deferred by the scheduler, waiting in the triggerer
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"1,2,3\n")
+    return airflow.watch_run(DAG_ID, run_id, timeout=240), conf
+
+
+def worker_starts(airflow: LocalAirflow, run_id: str, task_id: str, try_number: int = 1) -> int:
+    try:
+        return airflow.task_log(DAG_ID, run_id, task_id, try_number).count(WORKER_STARTED)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:  # no log at all: nothing ran it on a worker
+            return 0
+        raise
+
+
+def tries(airflow: LocalAirflow, run_id: str, task_id: str) -> list[tuple[int, str]]:
+    data = airflow.api("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/tries")
+    return sorted((t["try_number"], t["state"]) for t in data["task_instances"])
+
+
+def test_a_templated_wait_starts_and_ends_in_the_triggerer_with_no_worker(
+    airflow: LocalAirflow, started: tuple[WatchedRun, dict[str, Any]]
+) -> None:
+    run, conf = started
+    for task_id in ("key_arrives", "moment_from_conf"):
+        states = run.states[task_id]
+        assert states[-1] == "success" and "running" not in states and "queued" not in states, run.states
+        assert tries(airflow, run.run_id, task_id) == [(1, "success")]
+        assert worker_starts(airflow, run.run_id, task_id) == 0  # the scheduler deferred it, the triggerer ended it
+    found = airflow.xcom(DAG_ID, run.run_id, "key_arrives")
+    [key] = found["keys"]
+    # Rendered from the run's conf, in the triggerer.
+    assert key["key"] == conf["key"] and key["bucket"] == BUCKET, found
+    moment = airflow.xcom(DAG_ID, run.run_id, "moment_from_conf")
+    assert dt.datetime.fromisoformat(moment["target_time"]) == dt.datetime.fromisoformat(conf["soon"])
+
+
+def test_a_timeout_counts_from_the_start_in_the_triggerer_and_is_not_retried(
+    airflow: LocalAirflow, started: tuple[WatchedRun, dict[str, Any]]
+) -> None:
+    run, _ = started
+    task_id = "timeout_fails_once"
+    assert run.states[task_id][-1] == "failed", run.states
+    assert tries(airflow, run.run_id, task_id) == [(1, "failed")]  # retries=2, none used
+    ti = run.last[task_id]
+    waited = (dt.datetime.fromisoformat(ti["end_date"]) - dt.datetime.fromisoformat(ti["start_date"])).total_seconds()
+    assert TIMEOUT_SECONDS <= waited < 3 * TIMEOUT_SECONDS + 30, ti
+    assert worker_starts(airflow, run.run_id, task_id) == 1  # only to raise the sensor timeout
+
+
+def test_a_timeout_with_soft_fail_skips_from_the_triggerer(
+    airflow: LocalAirflow, started: tuple[WatchedRun, dict[str, Any]]
+) -> None:
+    run, _ = started
+    task_id = "timeout_soft_fail_skips"
+    assert run.states[task_id][-1] == "skipped", run.states
+    assert tries(airflow, run.run_id, task_id) == [(1, "skipped")]
+    assert worker_starts(airflow, run.run_id, task_id) == 0
+
+
+def test_a_rendered_value_that_is_not_valid_fails_the_task_with_the_reason(
+    airflow: LocalAirflow, started: tuple[WatchedRun, dict[str, Any]]
+) -> None:
+    run, _ = started
+    task_id = "bad_rendered_value"
+    assert run.states[task_id][-1] == "failed", run.states
+    log = json.dumps(airflow.task_log(DAG_ID, run.run_id, task_id, run.last[task_id]["try_number"]))
+    assert "rendered in the triggerer are not valid" in log and "target_time" in log, log[-3000:]
+    assert airflow.processes["triggerer"].poll() is None  # the triggerer kept running
