@@ -77,7 +77,13 @@ async def all_found(tasks: list[asyncio.Future[Any]], topics: list[str]) -> None
     assert [(p["topic"], p["key"]) for p in payloads] == [(topics[i % HEALTHY_TOPICS], f"k{i}") for i in range(20)]
 
 
+#: These tests are about what fires, not how events are spaced (see
+#: tests/s3/test_events.py::test_one_look_is_one_event_and_events_are_min_event_interval_apart).
+QUICK_EVENTS = 0.5
+
+
 def watcher(topic: str, conn: str, **kwargs: Any) -> KafkaMessageEventTrigger:
+    kwargs.setdefault("min_event_interval", QUICK_EVENTS)
     return KafkaMessageEventTrigger(topics=[topic], kafka_conn_id=conn, poll_interval=0.2, **kwargs)
 
 

@@ -47,7 +47,13 @@ async def loads(admin: asyncpg.Connection) -> AsyncIterator[str]:
         await admin.execute(f"DROP TABLE IF EXISTS {name}")
 
 
+#: These tests are about what fires, not how events are spaced (see
+#: tests/s3/test_events.py::test_one_look_is_one_event_and_events_are_min_event_interval_apart).
+QUICK_EVENTS = 0.5
+
+
 def watcher(conn_id: str, table: str, **kwargs: Any) -> PostgresRowEventTrigger:
+    kwargs.setdefault("min_event_interval", QUICK_EVENTS)
     kwargs.setdefault("order_column", "id")
     kwargs.setdefault("poll_interval", FAST)
     return PostgresRowEventTrigger(postgres_conn_id=conn_id, table=table, **kwargs)

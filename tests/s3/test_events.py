@@ -27,7 +27,13 @@ from tests.s3.fault_proxy import FaultProxy, settle
 FAST = 0.1
 
 
+#: These tests are about what fires, not how events are spaced (see
+#: tests/s3/test_events.py::test_one_look_is_one_event_and_events_are_min_event_interval_apart).
+QUICK_EVENTS = 0.5
+
+
 def watcher(bucket: str, conn: str, key: str = "in/*.csv", **kwargs: Any) -> S3KeyEventTrigger:
+    kwargs.setdefault("min_event_interval", QUICK_EVENTS)
     kwargs.setdefault("wildcard_match", True)
     return S3KeyEventTrigger(bucket_key=f"s3://{bucket}/{key}", aws_conn_id=conn, poll_interval=FAST, **kwargs)
 
@@ -81,6 +87,34 @@ async def test_each_new_object_fires_once_with_key_size_etag_and_time_and_old_on
         }
         assert blocked == []
     assert held_keys() == {} and live_boards() == {}
+
+
+async def test_one_look_is_one_event_and_events_are_min_event_interval_apart(
+    admin: Any, bucket: str, moto_conn: str
+) -> None:
+    """What one look finds is one event; what comes soon after waits for min_event_interval.
+
+    Airflow 3.3.2 queues one DAG run per asset at a time and an event stored while that run is
+    queued joins no run until another event comes (docs/events.md): so a burst is one event, and
+    a watcher's events are spaced.
+    """
+    gap = 2.0
+    async with WatcherHarness() as triggerer:
+        watch = await triggerer.start(watcher(bucket, moto_conn, min_event_interval=gap))
+        await quiet()
+        await put_many(admin, bucket, [f"in/burst-{i}.csv" for i in range(5)])
+        [first] = await watch.wait_for_events(1)
+        first_at = asyncio.get_running_loop().time()
+        assert first["count"] == 5 and sorted(keys(first["items"])) == [f"in/burst-{i}.csv" for i in range(5)]
+        await put_many(admin, bucket, ["in/next-1.csv"])
+        await asyncio.sleep(0.3)  # several polls' worth: the watcher does not look yet
+        await put_many(admin, bucket, ["in/next-2.csv"])
+        await watch.wait_for_events(2, timeout=gap + 10)
+        second_at = asyncio.get_running_loop().time()
+        await quiet(gap + 0.5)
+        assert len(watch.events) == 2  # the two objects after the burst: one event, not two
+        assert sorted(keys(watch.payloads[1]["items"])) == ["in/next-1.csv", "in/next-2.csv"]
+        assert second_at - first_at >= gap - 0.3  # held back until the interval passed
 
 
 async def test_backfill_fires_for_what_is_already_there_oldest_first(admin: Any, bucket: str, moto_conn: str) -> None:
