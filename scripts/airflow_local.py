@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts.services import ServiceUnavailable, free_port
+from scripts.services import ServiceUnavailable, free_port, stop_process
 
 COMPONENTS = ("api-server", "scheduler", "triggerer", "dag-processor")
 TERMINAL = {"success", "failed", "skipped", "upstream_failed", "removed"}
@@ -139,15 +139,7 @@ class LocalAirflow:
 
     def stop_component(self, name: str, *, timeout: float = 30) -> None:
         """Stop one component as an operator would (SIGTERM, then SIGKILL after ``timeout``)."""
-        proc = self.processes.pop(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_process(self.processes.pop(name), timeout=timeout)
 
     def wait_healthy(self, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout

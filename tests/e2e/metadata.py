@@ -69,6 +69,12 @@ def running_triggerers(dsn: str) -> list[int]:
     return [int(row[0]) for row in rows]
 
 
+def watcher_holders(dsn: str) -> Counter[int | None]:
+    """How many asset watchers' triggers each triggerer job holds (``None``: not assigned)."""
+    rows = query(dsn, "SELECT t.triggerer_id FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id")
+    return Counter(None if row[0] is None else int(row[0]) for row in rows)
+
+
 def events_in_runs(dsn: str, dag_id: str) -> Counter[int]:
     """How many DAG runs of ``dag_id`` each asset event is in."""
     rows = query(

@@ -46,6 +46,7 @@ from tests.e2e.metadata import (
     set_batch,
     sqlalchemy_url,
     wait_for,
+    watcher_holders,
 )
 
 pytestmark = pytest.mark.e2e
@@ -111,8 +112,7 @@ class Bursts:
         return int(self.query("SELECT count(*) FROM dag_run WHERE dag_id = %s", f"{asset}_consumer")[0][0])
 
     def holders(self) -> Counter[int | None]:
-        rows = self.query("SELECT t.triggerer_id FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id")
-        return Counter(None if row[0] is None else int(row[0]) for row in rows)
+        return watcher_holders(self.dsn)
 
     # ---------------------------------------------------------------- making things happen
     def make(self, asset: str, tag: str, size: int) -> float:

@@ -44,6 +44,7 @@ from tests.e2e.metadata import (
     set_batch,
     sqlalchemy_url,
     wait_for,
+    watcher_holders,
 )
 
 pytestmark = pytest.mark.e2e
@@ -75,9 +76,7 @@ class HaWorld:
         return running_triggerers(self.dsn)
 
     def holders(self) -> Counter[int | None]:
-        """How many watcher triggers each triggerer job holds."""
-        rows = self.query("SELECT t.triggerer_id FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id")
-        return Counter(None if row[0] is None else int(row[0]) for row in rows)
+        return watcher_holders(self.dsn)
 
     def payloads(self, asset: str) -> list[tuple[int, dict[str, Any]]]:
         """``(id, payload)`` of every asset event of ``asset``, oldest first."""
