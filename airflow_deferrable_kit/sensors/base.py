@@ -367,12 +367,21 @@ class DeferrableSensor(BaseSensorOperator):
                 "timeout could; raise execution_timeout or lower timeout"
             )
 
-    def _set_start_trigger_args(self) -> None:
-        """This task's ``start_trigger_args``: the trigger's kwargs with a budget, not a deadline."""
-        trigger = self.trigger_class
+    def start_trigger(self) -> tuple[type[PollingTrigger], dict[str, Any]]:
+        """The trigger Airflow builds when it starts this wait in the triggerer, and its wait's kwargs.
+
+        Templated values stay as written, under the sensor's own names: Airflow renders them in
+        the triggerer. A sensor whose worker works something out when a try starts gives a
+        trigger that works it out there instead (:class:`~airflow_deferrable_kit.sensors.temporal.RunMomentSensor`).
+        """
         names = self.wait_parameter_names()
         raw = [getattr(self, name) for name in names]
         params = self.trigger_params() if not is_unresolved(raw) else dict(zip(names, raw, strict=True))
+        return self.trigger_class, params
+
+    def _set_start_trigger_args(self) -> None:
+        """This task's ``start_trigger_args``: the trigger's kwargs with a budget, not a deadline."""
+        trigger, params = self.start_trigger()
         kwargs = {
             **params,
             "poll_interval": self.poke_interval,
@@ -383,7 +392,7 @@ class DeferrableSensor(BaseSensorOperator):
             "max_backoff": self.max_backoff,
             "start_budget": float(self.timeout),
         }
-        if not is_unresolved(raw):
+        if not is_unresolved(params):
             kwargs = trigger(**kwargs).serialize()[1]  # checked now, at DAG parse
         self.start_trigger_args = StartTriggerArgs(
             trigger_cls=f"{trigger.__module__}.{trigger.__qualname__}",

@@ -3,6 +3,8 @@
 The default start, "every message produced after the task first deferred", is a set of offsets:
 the log end of every partition when the first try first ran, looked up in the worker and kept
 for the later tries in Airflow's task state store (see :meth:`KafkaMessageSensor.fix_start`).
+Started in the triggerer (``start_from_trigger``) there is no worker to look them up: the trigger
+starts from the moment the wait started instead (see ``KafkaMessageTrigger.work_out_from_run``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from airflow.sdk import Context
 
 from airflow_deferrable_kit._kafka.messages import canonical_acceptors
 from airflow_deferrable_kit._kafka.offsets import commit_offset, log_end_offsets
+from airflow_deferrable_kit._moments import to_epoch_ms
 from airflow_deferrable_kit.payload import SUCCESS
 from airflow_deferrable_kit.sensors.base import (
     DeferrableSensor,
@@ -24,7 +27,6 @@ from airflow_deferrable_kit.sensors.base import (
     run_in_worker,
     unless_default,
 )
-from airflow_deferrable_kit.sensors.temporal import to_utc_iso
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 
 #: The task state store key (Airflow >= 3.3, scoped to the task instance: dag run, task id and
@@ -35,25 +37,6 @@ START_KEY = "airflow_deferrable_kit.kafka.start"
 #: however long apart; the row still goes with its dag run, or on success with
 #: ``[state_store] clear_on_success``.
 NEVER_EXPIRE = dt.timedelta.max
-
-
-def to_epoch_ms(value: Any, *, argument: str = "start_after") -> int | None:
-    """Epoch milliseconds from an int (already ms), a datetime or an ISO 8601 / digit string."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise TypeError(f"{argument} must be a datetime, an ISO 8601 string or epoch milliseconds, got a bool")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{argument} must not be negative, got {value}")
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    if isinstance(value, (str, dt.datetime)):
-        return int(dt.datetime.fromisoformat(to_utc_iso(value, argument=argument)).timestamp() * 1000)
-    raise TypeError(
-        f"{argument} must be a datetime, an ISO 8601 string or epoch milliseconds, got {type(value).__name__}"
-    )
 
 
 def _refuse_topic_pattern(value: Any, arguments: Mapping[str, Any]) -> str | None:
@@ -110,10 +93,6 @@ class KafkaMessageSensor(DeferrableSensor):
     """
 
     trigger_class = KafkaMessageTrigger
-    cannot_start_in_triggerer = (
-        "where the wait starts reading (the log end when it starts) is fixed by the worker at its first "
-        "deferral and kept in the task state store, which a trigger cannot reach in Airflow 3.3"
-    )
     template_fields: Sequence[str] = (
         "topics",
         "kafka_conn_id",

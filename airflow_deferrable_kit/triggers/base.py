@@ -38,6 +38,7 @@ from typing_extensions import dataclass_transform
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
 from airflow_deferrable_kit._metrics import for_trigger
+from airflow_deferrable_kit._moments import in_utc
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.clients import Closer, Factory, Leases
@@ -212,20 +213,6 @@ def parse_deadline(value: str, *, argument: str = "deadline") -> float:
         raise ValueError(f"{argument} must carry a UTC offset (e.g. '+00:00'), got naive {value!r}")
     in_utc(moment, argument=argument, given=value)
     return moment.timestamp()
-
-
-def in_utc(moment: dt.datetime, *, argument: str, given: Any) -> dt.datetime:
-    """``moment`` (aware) in UTC; a moment UTC cannot hold is a ValueError naming the argument.
-
-    Datetimes end at 9999-12-31, so ``9999-12-31T23:00:00-05:00`` (early in year 10000, UTC)
-    has no UTC form, nor has ``0001-01-01T01:00:00+05:00``; converting one overflows.
-    """
-    try:
-        return moment.astimezone(dt.timezone.utc)
-    except OverflowError as exc:
-        raise ValueError(
-            f"{argument} must be a moment between 0001-01-01 and 9999-12-31 in UTC, got {given!r}"
-        ) from exc
 
 
 #: The event form of each wait class that has one, registered by the event modules (which sit
@@ -430,6 +417,8 @@ class PollingTrigger(BaseTrigger):
         try:
             super().render_template_fields(context, jinja_env)
             self._check_arguments()
+            self._deadline_from_start()
+            self.work_out_from_run(context)
         except Exception as exc:
             self._unbuilt = FatalError(
                 f"{type(self).__name__}: the arguments rendered in the triggerer are not valid: "
@@ -437,6 +426,27 @@ class PollingTrigger(BaseTrigger):
                 error_type=ErrorType.BAD_CONFIGURATION,
             )
             self.log.error("%s", redact(self._unbuilt.message))
+
+    def work_out_from_run(self, context: Any) -> None:
+        """Fix what a worker would have fixed from the run when the try started (``start_from_trigger``).
+
+        Called once Airflow has rendered and the arguments are checked, with the run's template
+        context (its dates, its DAG, the try). Only what Airflow stores with the task instance
+        may go in, so a restarted or adopting triggerer works out the same: the run's dates, the
+        try number, :meth:`started_at`. A ``ValueError`` ends the wait with one error event.
+        """
+
+    def started_at(self) -> float | None:
+        """When Airflow started this wait in the triggerer (epoch seconds), or ``None``.
+
+        The deadline less the budget: both come from the try's stored trigger timeout, so a
+        restarted or adopting triggerer gets the same moment. ``None`` without ``start_budget``.
+        """
+        if self.start_budget is None:
+            return None
+        self._deadline_from_start()
+        assert self._deadline_ts is not None
+        return self._deadline_ts - float(self.start_budget)
 
     def _deadline_from_start(self) -> None:
         """With ``start_budget``: the deadline from Airflow's trigger timeout of this try."""

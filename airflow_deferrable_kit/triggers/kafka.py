@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import functools
 import re
 from collections.abc import Mapping
@@ -61,6 +62,7 @@ from airflow_deferrable_kit._kafka.messages import (
 from airflow_deferrable_kit._kafka.offsets import CommittedOffsets, resolve_start
 from airflow_deferrable_kit._kafka.reader import ConnectionReader
 from airflow_deferrable_kit._kafka.settings import load_options
+from airflow_deferrable_kit._moments import to_epoch_ms
 from airflow_deferrable_kit.conditions import ConditionSet, Decision, capped_decision, import_predicate, settle
 from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError
 from airflow_deferrable_kit.payload import Found
@@ -122,7 +124,6 @@ class KafkaMessageTrigger(PollingTrigger):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._spec = MatchSpec(self._conditions, self.value_format)
         self._waiter: Waiter | None = None
         self._pending_topics: list[str] = []
         #: Consumers of its own, for catching up when its predicate fell behind the shared reader.
@@ -172,6 +173,7 @@ class KafkaMessageTrigger(PollingTrigger):
             if self.value_format == "text" and acceptor["matcher"] == "path":
                 raise ValueError(f"acceptors[{i}]: matcher 'path' needs value_format 'json'")
         self._conditions = ConditionSet.load(self.acceptors, self.predicate, matchers=MATCHERS)
+        self._spec = MatchSpec(self._conditions, self.value_format)
         self._validate_predicate_binding()
         if self.start_from not in START_FROM:
             raise ValueError(f"start_from must be one of {', '.join(START_FROM)}, got {self.start_from!r}")
@@ -179,15 +181,41 @@ class KafkaMessageTrigger(PollingTrigger):
             raise ValueError(f"group_id must be a non-empty string or None, got {self.group_id!r}")
         if self.start_from == "committed" and self.group_id is None:
             raise ValueError("group_id is required with start_from='committed'")
+        if isinstance(self.start_after_ms, str):  # rendered in the triggerer (start_from_trigger)
+            self.start_after_ms = to_epoch_ms(self.start_after_ms, argument="start_after_ms")
         if self.start_after_ms is not None and (
             isinstance(self.start_after_ms, bool) or not isinstance(self.start_after_ms, int) or self.start_after_ms < 0
         ):
             raise ValueError(f"start_after_ms must be epoch milliseconds (an int >= 0), got {self.start_after_ms!r}")
         self._validate_start_offsets()
-        if self.start_after_ms is None and self.start_offsets is None and self.start_from != "earliest":
+        if self._starts_at_its_start() and self.start_budget is None:
             self.start_after_ms = int(self.clock.time() * 1000)
         if not isinstance(self.wait_for_topic, bool):
             raise ValueError(f"wait_for_topic must be true or false, got {self.wait_for_topic!r}")
+
+    def _starts_at_its_start(self) -> bool:
+        """Whether the wait reads from when it started: no offsets, no moment, not the whole log."""
+        return self.start_after_ms is None and self.start_offsets is None and self.start_from != "earliest"
+
+    def work_out_from_run(self, context: Any) -> None:
+        """Started in the triggerer: the first try reads what was produced from its start on.
+
+        The worker path fixes the log end offsets at the first try's first deferral and keeps
+        them in the task state store for the retries; a trigger cannot reach that store in
+        Airflow 3.3. So the start is a moment, mapped to offsets by the messages' timestamps as
+        ``start_after`` is: the first try's start (:meth:`started_at`, from its stored trigger
+        timeout, the same after a triggerer restart or an adoption); a later try, which cannot
+        know the first one's, starts from the dag run's start, as the worker path does when it
+        finds nothing stored. A retry never starts later than the first try did.
+        """
+        if not self._starts_at_its_start():
+            return
+        ti = context.get("ti")
+        run_started = getattr(context.get("dag_run"), "start_date", None)
+        if (getattr(ti, "try_number", None) or 1) > 1 and isinstance(run_started, dt.datetime):
+            self.start_after_ms = int(run_started.timestamp() * 1000)
+        else:
+            self.start_after_ms = int((self.started_at() or self.clock.time()) * 1000)
 
     def _validate_predicate_binding(self) -> None:
         if self.predicate_receives not in PREDICATE_RECEIVES:
@@ -258,6 +286,8 @@ class KafkaMessageTrigger(PollingTrigger):
             return await self._scan()
         waiter = self._waiter
         if waiter is None:
+            if self._starts_at_its_start():  # started in the triggerer, not by Airflow (a test)
+                self.start_after_ms = int((self.started_at() or self.clock.time()) * 1000)
             waiter = self._waiter = Waiter(self._spec, start_from=self.start_from, start_after_ms=self.start_after_ms)
             self._pending_topics = list(self.topics)
             if self.predicate is not None:

@@ -26,6 +26,7 @@ BASES = (PollingTrigger, EventTrigger, EdgeEventTrigger)
 
 EXAMPLES: dict[str, dict[str, Any]] = {
     "DateTimeTrigger": {"target_time": "2030-01-01T00:00:00+00:00"},
+    "RunMomentTrigger": {"rule": "after_start", "span_seconds": 90.0},
     "S3KeyTrigger": {"bucket_key": ["s3://bucket-a/a/b.csv", "s3://bucket-a/c/*.csv"], "wildcard_match": True},
     "S3KeysUnchangedTrigger": {
         "bucket_name": "bucket-a",

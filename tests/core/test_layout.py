@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_asset_state",
         "_backoff",
         "_metrics",
+        "_moments",
         "_per_loop",
         "_redact",
         "_shared_polls",

@@ -20,10 +20,11 @@ from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
 from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
-from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor
+from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor, TimeSensor, WaitSensor
 from airflow_deferrable_kit.triggers.base import BACKSTOP_SECONDS
+from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
-from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
+from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger, RunMomentTrigger
 
 
 def started(trigger_cls: type[Any], kwargs: dict[str, Any], *, fields: tuple[str, ...], context: dict[str, Any]) -> Any:
@@ -118,10 +119,6 @@ async def test_the_deadline_is_the_budget_counted_from_airflows_trigger_timeout_
     [
         (lambda: DateTimeSensor(task_id="t", target_time="2030-01-01T00:00:00Z", start_from_trigger=True,
                                 deferrable=False), "needs deferrable=True"),
-        (lambda: TimeDeltaSensor(task_id="t", delta=dt.timedelta(minutes=5), start_from_trigger=True, deferrable=True),
-         "its moment is worked out when a try starts"),
-        (lambda: KafkaMessageSensor(task_id="t", topics="orders", kafka_conn_id="k", start_from_trigger=True,
-                                    deferrable=True), "task state store"),
         (lambda: HttpBatchReadySensor(task_id="t", http_conn_id="api", endpoint="x", response_check=lambda r: True,
                             start_from_trigger=True, deferrable=True), "callable checked in the worker"),
         (lambda: DateTimeSensor(task_id="t", target_time="2030-01-01T00:00:00Z", start_from_trigger=True,
@@ -156,7 +153,9 @@ def test_without_start_from_trigger_nothing_changes() -> None:
 
 def test_the_official_date_time_sensor_call_ports_unchanged() -> None:
     """``DateTimeSensor(task_id=..., target_time=..., start_from_trigger=True)``: deferrable is implied."""
-    sensor = DateTimeSensor(task_id="at", target_time="2030-01-01", start_from_trigger=True, trigger_kwargs=None)
+    sensor = DateTimeSensor(
+        task_id="at", target_time="2030-01-01", start_from_trigger=True, trigger_kwargs={"moment": "ignored"}
+    )  # officially, trigger_kwargs is overwritten from target_time
     assert sensor.deferrable and sensor.start_from_trigger
     assert sensor.start_trigger_args.trigger_kwargs["target_time"] == "2030-01-01T00:00:00+00:00"
 
@@ -194,3 +193,129 @@ def test_an_airflow_before_3_3_is_refused_at_parse(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(base, "_airflow_version_text", lambda: "3.2.0")
     with pytest.raises(ValueError, match=r"needs Airflow 3\.3 or later \(this is 3\.2\.0\)"):
         DateTimeSensor(task_id="at", target_time="2030-01-01T00:00:00Z", start_from_trigger=True)
+
+
+# ------------------------------------------------- waits whose moment a worker worked out at start
+class _Run:
+    """The run as the triggerer's template context holds it (``dag_run``), and the try (``ti``)."""
+
+    def __init__(self, *, run_after: dt.datetime, start_date: dt.datetime, try_number: int = 1) -> None:
+        self.run_after = run_after
+        self.start_date = start_date
+        self.try_number = try_number
+
+
+def run_context(dag: DAG, *, data_interval_end: dt.datetime | None, try_number: int = 1) -> dict[str, Any]:
+    run = _Run(
+        run_after=dt.datetime(2026, 3, 29, 1, 0, tzinfo=dt.timezone.utc),
+        start_date=dt.datetime(2026, 3, 29, 1, 5, tzinfo=dt.timezone.utc),
+        try_number=try_number,
+    )
+    return {
+        "dag": dag, "dag_run": run, "ti": run, "data_interval_end": data_interval_end, "ds": "2026-03-29",
+        "params": {"minutes": 45},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "interval_end"),
+    [
+        (lambda: TimeDeltaSensor(task_id="t", delta=dt.timedelta(minutes=-90), start_from_trigger=True), True),
+        (lambda: TimeDeltaSensor(task_id="t", delta="{{ params.minutes }}", params={"minutes": 45},
+                                 start_from_trigger=True), False),
+        (lambda: TimeSensor(task_id="t", target_time="02:30", start_from_trigger=True), True),  # skipped by DST there
+        (lambda: TimeSensor(task_id="t", target_time="{{ '18:15' }}", start_from_trigger=True), False),
+    ],
+)  # fmt: skip
+def test_a_moment_from_the_run_is_worked_out_in_the_triggerer_as_the_worker_does(make: Any, interval_end: bool) -> None:
+    import pendulum
+
+    amsterdam = pendulum.datetime(2024, 1, 1, tz="Europe/Amsterdam")
+    with DAG(dag_id="sft_moments", schedule=None, start_date=amsterdam) as dag:
+        sensor = make()
+    end = dt.datetime(2026, 3, 29, 0, 30, tzinfo=dt.timezone.utc) if interval_end else None
+    context = run_context(dag, data_interval_end=end)
+    args = sensor.start_trigger_args
+    assert args.trigger_cls == "airflow_deferrable_kit.triggers.temporal.RunMomentTrigger"
+    trigger = started(RunMomentTrigger, args.trigger_kwargs, fields=sensor.template_fields, context=context)
+    assert trigger._unbuilt is None
+
+    sensor.render_template_fields(context)  # the worker path, from the same run
+    assert trigger._target_iso == sensor.fix_target(context)
+
+
+async def test_a_wait_from_its_start_counts_from_the_stored_start_across_a_restart() -> None:
+    sensor = WaitSensor(task_id="t", time_to_wait=dt.timedelta(seconds=1.5), timeout=60, start_from_trigger=True)
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    assert kwargs["span_seconds"] == 1.5
+    # The scheduler started the task 1 s ago: its stored trigger timeout is that start + budget + grace.
+    timeout_after = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60 + BACKSTOP_SECONDS - 1)
+    moments = []
+    for _ in range(2):  # the first triggerer, then the one that adopts it: the same moment
+        trigger = RunMomentTrigger(**kwargs)
+        trigger.timeout_after = timeout_after
+        began = time.monotonic()
+        event = await first_event(trigger)
+        assert event.payload["status"] == "success"
+        moments.append(event.payload["target_time"])
+    assert moments[0] == moments[1]
+    assert time.monotonic() - began < 1.0  # 0.5 s left of the 1.5 s, not a fresh 1.5 s
+
+
+async def test_a_moment_from_the_run_without_the_runs_context_is_one_clear_error() -> None:
+    trigger = RunMomentTrigger(rule="delta_after_run", span_seconds=60.0, start_budget=60.0)
+    event = await first_event(trigger)
+    assert event.payload["status"] == "error" and event.payload["error_type"] == "bad_configuration"
+    assert "TimeDeltaSensor" in event.payload["message"] and "run's dates" in event.payload["message"]
+
+
+def test_a_rendered_span_that_is_not_valid_ends_the_wait_with_one_clear_error() -> None:
+    sensor = WaitSensor(task_id="t", time_to_wait="{{ params.wait }}", params={"wait": "soon"}, start_from_trigger=True)
+    with DAG(dag_id="sft_bad_span", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        pass
+    context = {**run_context(dag, data_interval_end=None), "params": {"wait": "soon"}}
+    trigger = started(RunMomentTrigger, sensor.start_trigger_args.trigger_kwargs, fields=sensor.template_fields,
+                      context=context)  # fmt: skip
+    assert trigger._unbuilt is not None and "time_to_wait" in trigger._unbuilt.message
+
+
+def test_the_official_time_sensor_call_ports_unchanged() -> None:
+    """The official ``TimeSensor(..., start_from_trigger=True, trigger_kwargs=...)``: accepted, and the
+    ``trigger_kwargs`` dropped, as the official sensor builds its trigger from ``target_time`` alone."""
+    with DAG(dag_id="sft_official_time", schedule=None, start_date=dt.datetime(2024, 1, 1)):
+        sensor = TimeSensor(
+            task_id="t", target_time=dt.time(18, 30), start_from_trigger=True,
+            trigger_kwargs={"moment": "", "end_from_trigger": False},
+        )  # fmt: skip
+    assert sensor.deferrable and sensor.start_from_trigger
+    assert sensor.start_trigger_args.trigger_kwargs["target_time"] == "18:30:00"
+
+
+@pytest.mark.parametrize(("try_number", "expected_from"), [(1, "its start"), (2, "the run's start")])
+def test_kafka_started_in_the_triggerer_reads_from_the_first_trys_start(try_number: int, expected_from: str) -> None:
+    sensor = KafkaMessageSensor(task_id="t", topics="orders", kafka_conn_id="k", start_from_trigger=True, timeout=600)
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    assert kwargs["start_after_ms"] is None and kwargs.get("start_offsets") is None
+    started_at = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.timezone.utc)
+    with DAG(dag_id="sft_kafka", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        pass
+    trigger = KafkaMessageTrigger(**kwargs)
+    trigger.timeout_after = started_at + dt.timedelta(seconds=600 + BACKSTOP_SECONDS)
+    trigger.template_fields = ()
+    trigger.render_template_fields(run_context(dag, data_interval_end=None, try_number=try_number))
+    assert trigger._unbuilt is None
+    expected = started_at if expected_from == "its start" else dt.datetime(2026, 3, 29, 1, 5, tzinfo=dt.timezone.utc)
+    assert trigger.start_after_ms == int(expected.timestamp() * 1000)
+
+
+def test_kafka_renders_a_templated_start_in_the_triggerer() -> None:
+    sensor = KafkaMessageSensor(
+        task_id="t", topics="orders", kafka_conn_id="k", start_after="{{ ds }}T00:00:00+00:00",
+        start_from_trigger=True, timeout=600,
+    )  # fmt: skip
+    with DAG(dag_id="sft_kafka_t", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        pass
+    trigger = started(KafkaMessageTrigger, sensor.start_trigger_args.trigger_kwargs, fields=sensor.template_fields,
+                      context=run_context(dag, data_interval_end=None))  # fmt: skip
+    assert trigger._unbuilt is None
+    assert trigger.start_after_ms == int(dt.datetime(2026, 3, 29, tzinfo=dt.timezone.utc).timestamp() * 1000)

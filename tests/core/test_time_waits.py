@@ -186,11 +186,11 @@ def test_a_bad_time_of_day_is_refused_at_parse_naming_it(bad: Any, error: type[E
         TimeSensor(task_id="w", target_time=bad)
 
 
-def test_time_sensor_refuses_start_from_trigger_but_accepts_its_defaults() -> None:
-    with pytest.raises(TypeError, match="start_from_trigger= of the official TimeSensor is not supported"):
-        TimeSensor(task_id="w", target_time=dt.time(9), start_from_trigger=True)
-    with pytest.raises(TypeError, match="trigger_kwargs= of the official TimeSensor"):
-        TimeSensor(task_id="w", target_time=dt.time(9), trigger_kwargs={"moment": "x"})
+def test_time_sensor_drops_trigger_kwargs_as_the_official_sensor_does() -> None:
+    """Officially ``trigger_kwargs`` is overwritten from ``target_time``; the start in the triggerer is
+    tested in tests/core/test_start_from_trigger.py (Airflow 3.3+)."""
+    sensor = TimeSensor(task_id="w", target_time=dt.time(9), start_from_trigger=False, trigger_kwargs={"moment": "x"})
+    assert not sensor.start_from_trigger and not hasattr(sensor, "trigger_kwargs")
     TimeSensor(task_id="w", target_time=dt.time(9), start_from_trigger=False, trigger_kwargs=None)
 
 

@@ -10,6 +10,7 @@ retried), as with ``end_from_trigger`` alone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -28,6 +29,17 @@ DAG_ID = "adk_e2e_start_from_trigger"
 BUCKET = "adk-e2e-start"
 TIMEOUT_SECONDS = 10
 WORKER_STARTED = "Worker startup parse complete"
+#: The tasks that succeed without a worker: every wait kind, templated from the run's conf.
+IN_TRIGGERER_ONLY = (
+    "key_arrives",
+    "moment_from_conf",
+    "http_ready",
+    "postgres_marker",
+    "kafka_message",
+    "delta_after_run",
+    "wait_from_start",
+    "time_of_run_date",
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +56,16 @@ def started(showcase: Showcase, s3_server: services.S3Server) -> tuple[WatchedRu
     airflow.wait_for_dag(DAG_ID)
     key = f"drop/{int(time.time())}.csv"
     soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=15)).replace(microsecond=0)
-    conf = {"key": key, "soon": soon.isoformat()}
+    upstream = dataclasses.replace(showcase, batch=f"start-{int(time.time())}")
+    upstream.produce_kafka_message()  # before the task started: not one it waits for
+    conf = {"key": key, "soon": soon.isoformat(), "batch": upstream.batch}
     run_id = airflow.trigger(DAG_ID, conf)
     time.sleep(8)  # deferred by the scheduler, waiting in the triggerer
+    conf["made_true"] = time.time()
     client.put_object(Bucket=BUCKET, Key=key, Body=b"1,2,3\n")
+    upstream.mark_http_batch_ready()
+    upstream.insert_marker_row()
+    upstream.produce_kafka_message()
     return airflow.watch_run(DAG_ID, run_id, timeout=240), conf
 
 
@@ -69,7 +87,7 @@ def test_a_templated_wait_starts_and_ends_in_the_triggerer_with_no_worker(
     airflow: LocalAirflow, started: tuple[WatchedRun, dict[str, Any]]
 ) -> None:
     run, conf = started
-    for task_id in ("key_arrives", "moment_from_conf"):
+    for task_id in IN_TRIGGERER_ONLY:
         states = run.states[task_id]
         assert states[-1] == "success" and "running" not in states and "queued" not in states, run.states
         assert tries(airflow, run.run_id, task_id) == [(1, "success")]
@@ -80,6 +98,28 @@ def test_a_templated_wait_starts_and_ends_in_the_triggerer_with_no_worker(
     assert key["key"] == conf["key"] and key["bucket"] == BUCKET, found
     moment = airflow.xcom(DAG_ID, run.run_id, "moment_from_conf")
     assert dt.datetime.fromisoformat(moment["target_time"]) == dt.datetime.fromisoformat(conf["soon"])
+    http = airflow.xcom(DAG_ID, run.run_id, "http_ready")
+    assert http["observed"] == {"path:state": "ready"} and conf["batch"] in http["url"], http
+    assert airflow.xcom(DAG_ID, run.run_id, "postgres_marker")["row"]["batch_id"] == conf["batch"]
+    message = airflow.xcom(DAG_ID, run.run_id, "kafka_message")
+    # The message produced before the task started is not the one: the wait read from its start.
+    assert message["key"] == f"batch-{conf['batch']}" and message["timestamp"] >= (conf["made_true"] - 1) * 1000
+
+
+def test_moments_a_worker_worked_out_at_start_are_worked_out_in_the_triggerer(
+    airflow: LocalAirflow, started: tuple[WatchedRun, dict[str, Any]]
+) -> None:
+    run, _ = started
+    dag_run = airflow.api("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run.run_id}")
+    base = dt.datetime.fromisoformat(dag_run["data_interval_end"] or dag_run["run_after"])
+
+    def moment(task_id: str) -> dt.datetime:
+        return dt.datetime.fromisoformat(airflow.xcom(DAG_ID, run.run_id, task_id)["target_time"])
+
+    assert moment("delta_after_run") == base + dt.timedelta(seconds=20)
+    assert moment("time_of_run_date") == base.replace(hour=0, minute=0, second=0, microsecond=0)
+    started_at = dt.datetime.fromisoformat(run.last["wait_from_start"]["start_date"])
+    assert dt.timedelta(seconds=11) <= moment("wait_from_start") - started_at <= dt.timedelta(seconds=14)
 
 
 def test_a_timeout_counts_from_the_start_in_the_triggerer_and_is_not_retried(

@@ -175,11 +175,6 @@ REFUSED = [
     (S3KeySensor, {"bucket_key": KEY, "verify": "/etc/ssl/ca.pem"}, r"verify=.*extras of the aws connection"),
     (S3KeySensor, {"bucket_key": KEY, "region_name": "eu-west-1"}, r"region_name=.*'region_name' in the extras"),
     (S3KeySensor, {"bucket_key": KEY, "botocore_config": {"retries": {}}}, r"botocore_config=.*config_kwargs"),
-    (
-        DateTimeSensor,
-        {"target_time": "2030-01-01", "trigger_kwargs": {"moment": "x"}},
-        r"trigger_kwargs=.*start_from_trigger",
-    ),
 ]
 
 

@@ -12,10 +12,14 @@ from typing import Any
 
 from airflow.sdk import DAG
 
+from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
+from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
+from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
-from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
+from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor, TimeSensor, WaitSensor
 
 BUCKET = "adk-e2e-start"
+BATCH = "{{ dag_run.conf['batch'] }}"
 #: The timeout tasks' budget, counted from when the scheduler started them in the triggerer.
 TIMEOUT_SECONDS = 10
 IN_TRIGGERER: dict[str, Any] = {"deferrable": True, "start_from_trigger": True, "end_from_trigger": True}
@@ -52,3 +56,37 @@ with DAG(dag_id="adk_e2e_start_from_trigger", schedule=None, start_date=dt.datet
     )
     # Renders to a date with no time: not a moment. One clear error, never a crashed triggerer.
     DateTimeSensor(task_id="bad_rendered_value", target_time="{{ ds }}", timeout=120, **IN_TRIGGERER)
+    # Every other wait, templated from the run's conf where it takes a template.
+    HttpBatchReadySensor(
+        task_id="http_ready",
+        http_conn_id="batch_api",
+        endpoint=f"v1/batches/{BATCH}/status",
+        success=[{"path": "state", "equals": "ready"}],
+        poke_interval=1,
+        timeout=120,
+        **IN_TRIGGERER,
+    )
+    PostgresBatchMarkerSensor(
+        task_id="postgres_marker",
+        postgres_conn_id="warehouse",
+        table="etl.batch_markers",
+        match={"batch_id": BATCH},
+        status_column="status",
+        ready_values=["done"],
+        poke_interval=1,
+        timeout=120,
+        **IN_TRIGGERER,
+    )
+    KafkaMessageSensor(
+        task_id="kafka_message",
+        kafka_conn_id="kafka_default",
+        topics="batch-events",
+        success=[{"key": f"batch-{BATCH}"}],
+        poke_interval=1,
+        timeout=120,
+        **IN_TRIGGERER,
+    )
+    # Moments a worker used to work out when the try started, worked out in the triggerer.
+    TimeDeltaSensor(task_id="delta_after_run", delta=dt.timedelta(seconds=20), timeout=120, **IN_TRIGGERER)
+    WaitSensor(task_id="wait_from_start", time_to_wait=dt.timedelta(seconds=12), timeout=120, **IN_TRIGGERER)
+    TimeSensor(task_id="time_of_run_date", target_time="00:00", timeout=120, **IN_TRIGGERER)
