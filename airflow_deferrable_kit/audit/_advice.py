@@ -12,6 +12,11 @@ recommendation per sensor with its saving. The changes, the one that saves the m
 * a sensor that waits on a worker (poke or reschedule mode): ``deferrable=True``. The try would
   still hold a worker for one check before it defers and for one resume afterwards, each counted
   as the try's one-check allowance (see ``docs/audit.md``); the rest is saved.
+* a deferred sensor that started on a worker: ``start_from_trigger=True`` (Airflow 3.3+), with
+  ``end_from_trigger=True`` where that is advised too: the scheduler defers the task itself and
+  the triggerer renders its arguments, so the run before the first deferral is saved, and with
+  ``end_from_trigger`` every run: no worker at all. Not for a mapped task: Airflow 3.3.2 starts
+  those on a worker whatever the flag.
 * a deferred sensor that resumes on a worker: ``end_from_trigger=True``. Its resumed runs only
   hand the payload back (this kit's sensors do nothing else there); their worker time is saved.
   Airflow refuses ``end_from_trigger`` while listener plugins are registered, so it is advised
@@ -44,6 +49,7 @@ class Equivalent:
     note: str = ""
     end_note: str = ""
     event_trigger: str = ""
+    start_note: str = ""
 
     @property
     def name(self) -> str:
@@ -66,6 +72,7 @@ _HTTP = Equivalent(
     "a response_check keeps deferring (judged in the worker on resume)",
     end_note="not with a response_check: say it as success=/failure= acceptors",
     event_trigger=_EVENTS + "http_events.HttpBatchReadyEventTrigger",
+    start_note="not with a callable response_check: say it as success=/failure= acceptors or an importable path",
 )
 _POSTGRES = Equivalent(
     _KIT + "postgres.PostgresBatchMarkerSensor",
@@ -173,10 +180,12 @@ class Savings:
     deferring: float = 0.0
     #: deferred tries that resumed on a worker, with ``end_from_trigger=True``
     ending_in_trigger: float = 0.0
+    #: deferred tries that started on a worker (not mapped), with ``start_from_trigger=True``
+    starting_in_trigger: float = 0.0
     #: every try, with an AssetWatcher instead of the sensor task
     watching: float = 0.0
 
-    def add(self, usage: Usage, check_seconds: float) -> None:
+    def add(self, usage: Usage, check_seconds: float, *, mapped: bool = False) -> None:
         """Count one sensor try (see the module docstring for what each change keeps)."""
         allowance = min(usage.shortest, check_seconds)
         self.watching += usage.worker
@@ -184,15 +193,20 @@ class Savings:
             self.deferring += max(0.0, usage.worker - 2 * allowance)
         elif usage.mode == "deferred":
             self.ending_in_trigger += usage.resumed
+            if not mapped:  # the run before its first deferral (none if it started in the triggerer)
+                self.starting_in_trigger += max(0.0, usage.worker - usage.resumed)
 
     def merge(self, other: Savings) -> None:
         self.deferring += other.deferring
         self.ending_in_trigger += other.ending_in_trigger
+        self.starting_in_trigger += other.starting_in_trigger
         self.watching += other.watching
 
 
 #: The changes a recommendation can name.
-CHANGES = ("asset_watcher", "deferrable", "end_from_trigger")
+CHANGES = ("asset_watcher", "deferrable", "start_from_trigger", "end_from_trigger")
+#: The condition of every ``start_from_trigger`` advice: the audit cannot tell Airflow's version.
+START_CONDITION = "Airflow 3.3 or later"
 
 
 @dataclass(frozen=True)
@@ -224,6 +238,21 @@ class Recommendation:
 
 #: The condition an event trigger's advice carries when the DAG's shape could not be read.
 STARTS_DAG_CONDITION = "if it is the first task of a DAG that only waits on it to start work"
+
+
+def start_from_trigger_advice(equivalent: Equivalent | None, ending: str | None) -> str:
+    """``start_from_trigger=True`` for a deferred sensor that started on a worker, with ``ending``
+    (the ``end_from_trigger`` advice) when that is advised too: then no worker runs the task."""
+    if equivalent is None:
+        advice = "start_from_trigger=True, if the sensor takes it (docs/start-from-trigger.md)"
+    else:
+        note = f"; {equivalent.start_note}" if equivalent.start_note else ""
+        advice = (
+            f"start_from_trigger=True ({equivalent.name} of this kit starts in the triggerer, which renders its "
+            f"templates{note}; docs/start-from-trigger.md)"
+        )
+    advice += ": the scheduler defers the task itself"
+    return advice if ending is None else f"no worker at all: {advice}; and {ending}"
 
 
 def watcher_advice(equivalent: Equivalent, starts_dag: bool | None) -> str:
@@ -264,6 +293,12 @@ def recommend(
     if (modes.get("poke") or modes.get("reschedule")) and savings.deferring > 0:
         return Recommendation(key, held_modes, "deferrable", migration_advice(equivalent) + also, savings.deferring)
     ending = end_from_trigger_advice(equivalent, listeners)
+    if savings.starting_in_trigger > 0:
+        ends_too = ending is not None and savings.ending_in_trigger > 0
+        saves = savings.starting_in_trigger + (savings.ending_in_trigger if ends_too else 0.0)
+        starting = start_from_trigger_advice(equivalent, ending if ends_too else None)
+        when = START_CONDITION + ("; no listener plugins" if ends_too and listeners.registered is None else "")
+        return Recommendation(key, held_modes, "start_from_trigger", starting + also, saves, when)
     if savings.ending_in_trigger > 0 and ending is not None:
         condition = "no listener plugins" if listeners.registered is None else None
         return Recommendation(key, held_modes, "end_from_trigger", ending + also, savings.ending_in_trigger, condition)

@@ -167,5 +167,6 @@ def render_html(report: Report, top: int = 10) -> str:
         f"<h2>Totals</h2>{totals}{total_sentence}"
         f"<h2>Worker time by sensor and mode</h2>{chart(report.held)}<ul>{saving}</ul>"
         f'<h2>What to change</h2>{advice}<p class="note">{_e(report.listeners_note())}</p>'
-        f"{migrating}{estimated}</body></html>\n"
+        + (f'<p class="note">{_e(report.start_note())}</p>' if report.start_note() else "")
+        + f"{migrating}{estimated}</body></html>\n"
     )

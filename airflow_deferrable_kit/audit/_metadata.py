@@ -396,7 +396,8 @@ def dag_shape(connection: sa.Connection, dag_id: str) -> DagShape | None:
     if row is None:
         return None
     try:
-        text = row.data if row.data is not None else zlib.decompress(row.data_compressed or b"")
+        # As Airflow reads it: the compressed form when there is one (``data`` may then hold a JSON null).
+        text = zlib.decompress(row.data_compressed) if row.data_compressed else row.data
         return shape_from_serialized(json.loads(text) if isinstance(text, (str, bytes)) else text)
     except (ValueError, zlib.error):
         return None

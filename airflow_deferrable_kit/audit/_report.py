@@ -82,6 +82,13 @@ class Totals:
         }
 
 
+#: Said under the advice wherever ``start_from_trigger`` is advised: what the audit cannot know.
+START_NOTE = (
+    "start_from_trigger is advised on condition: it needs Airflow 3.3 or later, which the metadata DB does not "
+    "tell; mapped tasks are not advised it (Airflow 3.3.2 starts them on a worker whatever the flag)."
+)
+
+
 @dataclass
 class Row:
     """One line of the report: a task, a DAG or an operator over the window."""
@@ -226,6 +233,10 @@ class Report:
             return []
         return [*(held.sentence() for held in self.held), self.held_total.sentence()]
 
+    def start_note(self) -> str:
+        """What ``start_from_trigger`` advice depends on, where some is given; else empty."""
+        return START_NOTE if any(advice.change == "start_from_trigger" for advice in self.recommendations) else ""
+
     def listeners_note(self) -> str:
         """What the audit knows of listener plugins, which decides whether end_from_trigger is advised."""
         if self.listeners.registered:
@@ -327,8 +338,13 @@ class Report:
         deferred = [advice for advice in self.recommendations if advice.change != "deferrable"]
         if top > 0 and deferred:
             parts.append(self._deferred_table(deferred, top))
-        if any(advice.change == "end_from_trigger" for advice in self.recommendations) or self.listeners.registered:
+        if (
+            any("end_from_trigger=True" in advice.advice for advice in self.recommendations)
+            or self.listeners.registered
+        ):
             parts.append("\n" + self.listeners_note() + "\n")
+        if self.start_note():
+            parts.append("\n" + self.start_note() + "\n")
         if self.totals.estimated:
             parts.append(
                 f"\n{self.totals.estimated} of {self.totals.runs} runs had no state-change rows in the log table "
@@ -468,7 +484,7 @@ def account(tasks: Tasks, attempt: Try, usage: Usage, check_seconds: float) -> R
     idle = usage.idle(sensor=sensor, check_seconds=check_seconds)
     row.totals.add(usage, idle)
     if sensor:
-        row.savings.add(usage, check_seconds)
+        row.savings.add(usage, check_seconds, mapped=attempt.map_index >= 0)
         row.by_mode.setdefault(usage.mode, Totals()).add(usage, idle)
     row.modes[usage.mode] = row.modes.get(usage.mode, 0) + 1
     row.sensor = row.sensor or sensor

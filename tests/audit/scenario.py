@@ -207,15 +207,15 @@ EXPECTED: dict[tuple[str, str, str], tuple[int, int, float, float, float, list[s
 RANKED = ["wait_poke", "wait_pg", "wait_marker", "wait_map", "wait_external", "wait_resched", "wait_resched_pruned"]
 #: Each sensor task's next change and the worker seconds it would no longer hold, most first:
 #: deferrable=True keeps a check before deferring and a resume (one allowance each), and
-#: end_from_trigger=True saves the resumed runs.
+#: start_from_trigger=True with end_from_trigger=True saves every run of a deferred sensor.
 RECOMMENDED = [
     ("wait_poke", "deferrable", 3600 - 2 * 5),
     ("wait_pg", "deferrable", 1000 - 2 * 5),
     ("wait_marker", "deferrable", 600 - 2 * 5),
     ("wait_map", "deferrable", 2 * (60 - 2 * 5)),
     ("wait_external", "deferrable", 100 - 2 * 5),
-    ("wait_kafka", "end_from_trigger", 20),
+    ("wait_kafka", "start_from_trigger", 40),
+    ("wait_deferred", "start_from_trigger", 3.5),
     ("wait_resched", "deferrable", 7.5 - 2 * 2),
     ("wait_resched_pruned", "deferrable", 6 - 2 * 2),
-    ("wait_deferred", "end_from_trigger", 1),
 ]

@@ -11,7 +11,14 @@ import pytest
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
-from airflow_deferrable_kit.audit import LISTENER_REFUSAL, Recommendation, Report, run_audit, shape_from_serialized
+from airflow_deferrable_kit.audit import (
+    LISTENER_REFUSAL,
+    START_CONDITION,
+    Recommendation,
+    Report,
+    run_audit,
+    shape_from_serialized,
+)
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
 from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
 from tests.audit.conftest import MetadataDB
@@ -78,6 +85,7 @@ def test_a_sensor_that_only_starts_its_dag_is_told_to_become_an_event_trigger(me
     assert f"AssetWatcher on {EVENTS}s3_events.S3KeyEventTrigger(...)" in orders.advice
     assert "it is the first task of its DAG, which only waits on it to start work" in orders.advice
     assert (advice["wait_deferred"].change, advice["wait_deferred"].saves) == ("asset_watcher", pytest.approx(1.5))
+    assert advice["wait_deferred"].condition is None  # the compressed DAG was read: it only waits on the sensor
 
     assert advice["wait_file"].change == "deferrable"
     assert "EventTrigger" not in advice["wait_file"].advice
@@ -140,28 +148,35 @@ def test_end_from_trigger_is_advised_only_without_listener_plugins(
         )
     elif setup in ("examples", "stale_examples"):
         metadata_db.dag("example_bash_operator", bundle="example_dags", stale=setup == "stale_examples")
-    metadata_db.attempt(
-        "etl",
-        "wait_kafka",
-        operator="AwaitMessageSensor",
-        start=at(0),
-        end=at(300.5),
-        queued=at(300),
-        events=[("running", at(0.1)), ("deferred", at(1.5)), ("running", at(300.1)), ("success", at(300.5))],
-    )
+    events = [("running", at(0.1)), ("deferred", at(1.5)), ("running", at(300.1)), ("success", at(300.5))]
+    for task_id, map_index in (("wait_kafka", -1), ("wait_kafka_mapped", 0)):
+        metadata_db.attempt(
+            "etl", task_id, operator="AwaitMessageSensor", start=at(0), end=at(300.5), queued=at(300), events=events,
+            map_index=map_index,
+        )  # fmt: skip
     report = audit(metadata_db, listeners=option)
     assert report.listeners.registered is registered
     assert source in report.listeners.source
     found = advice_for(report).get("wait_kafka")
+    # A mapped task cannot start in the triggerer (Airflow 3.3.2): only end_from_trigger is left for it.
+    mapped = advice_for(report).get("wait_kafka_mapped")
     text = report.to_table()
-    if registered:
-        assert found is None or found.change != "end_from_trigger"
-        assert "end_from_trigger is not advised: listener plugins are registered" in text
-        return
-    assert found is not None and found.change == "end_from_trigger" and found.saves == pytest.approx(0.4)
     conditional = ", if no listener plugin is registered (OpenLineage, or Airflow's example listener"
+    # Started on a worker: starting in the triggerer saves the run before deferring (1.5 s), whatever the listeners.
+    assert found is not None and found.change == "start_from_trigger"
+    if registered:
+        assert mapped is None or mapped.change != "end_from_trigger"
+        assert "end_from_trigger is not advised: listener plugins are registered" in text
+        assert found.saves == pytest.approx(1.5) and "end_from_trigger" not in found.advice
+        assert found.condition == START_CONDITION
+        return
+    # ... and ending there too the resume (0.4 s): no worker at all.
+    assert found.saves == pytest.approx(1.9) and found.advice.startswith("no worker at all: start_from_trigger=True")
     assert (conditional in found.advice) is (registered is None)
-    assert found.condition == ("no listener plugins" if registered is None else None)
+    assert found.condition == START_CONDITION + ("; no listener plugins" if registered is None else "")
+    assert mapped is not None and mapped.change == "end_from_trigger" and mapped.saves == pytest.approx(0.4)
+    assert (conditional in mapped.advice) is (registered is None)
+    assert mapped.condition == ("no listener plugins" if registered is None else None)
     assert report.as_dict()["listeners"] == {"registered": registered, "source": report.listeners.source}
 
 

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import urllib.error
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.e2e
 
 DAG_ID = "adk_audit_modes"
 WAIT = 30  # seconds from triggering the run to the sensors' target time
-TASKS = ("poke", "reschedule", "deferred", "end_from_trigger")
+TASKS = ("poke", "reschedule", "deferred", "end_from_trigger", "start_from_trigger")
 
 
 @dataclass
@@ -43,7 +44,12 @@ class Audited:
         return float(self.row(task_id)[f"{column}_hours"]) * 3600
 
     def worker_starts(self, task_id: str) -> int:
-        log = self.airflow.task_log(DAG_ID, self.watched.run_id, task_id)
+        try:
+            log = self.airflow.task_log(DAG_ID, self.watched.run_id, task_id)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:  # no log at all: no worker ever ran it
+                return 0
+            raise
         return log.count("Worker startup parse complete")
 
 
@@ -89,6 +95,7 @@ def test_every_mode_really_ran_as_intended(audited: Audited) -> None:
         "reschedule": ["reschedule"],
         "deferred": ["deferred"],
         "end_from_trigger": ["deferred"],
+        "start_from_trigger": ["deferred"],
     }
     assert all(audited.row(task)["estimated_runs"] == 0 for task in TASKS)
 
@@ -96,6 +103,7 @@ def test_every_mode_really_ran_as_intended(audited: Audited) -> None:
 def test_the_audit_finds_every_worker_start_the_task_logs_show(audited: Audited) -> None:
     starts = {task: audited.worker_starts(task) for task in TASKS}
     assert starts["poke"] == 1 and starts["end_from_trigger"] == 1 and starts["deferred"] == 2
+    assert starts["start_from_trigger"] == 0
     assert starts["reschedule"] >= 2
     assert {task: audited.row(task)["worker_runs"] for task in TASKS} == starts
 
@@ -127,11 +135,17 @@ def test_deferred_holds_a_worker_only_around_the_deferral(audited: Audited, task
     assert worker * 4 < audited.seconds("poke", "worker_held")
 
 
+def test_a_wait_that_starts_and_ends_in_the_triggerer_holds_no_worker_at_all(audited: Audited) -> None:
+    row = audited.row("start_from_trigger")
+    assert row["worker_held_hours"] == 0 and row["worker_runs"] == 0 and row["runs"] == 1
+    assert WAIT * 0.5 < audited.seconds("start_from_trigger", "wall") < WAIT * 3
+
+
 def test_the_poke_sensor_is_the_first_to_migrate(audited: Audited) -> None:
     candidates = audited.report["candidates"]
     assert candidates[0]["task_id"] == "poke"
     assert candidates[0]["advice"] == "airflow_deferrable_kit.sensors.temporal.DateTimeSensor(deferrable=True)"
-    assert not {"deferred", "end_from_trigger"} & {c["task_id"] for c in candidates}
+    assert not {"deferred", "end_from_trigger", "start_from_trigger"} & {c["task_id"] for c in candidates}
     measured = {
         task: (
             round(audited.seconds(task, "wall"), 1),
@@ -144,7 +158,7 @@ def test_the_poke_sensor_is_the_first_to_migrate(audited: Audited) -> None:
 
 
 def test_the_dag_shape_is_read_from_the_dag_airflow_serialized(audited: Audited) -> None:
-    """The four waits run side by side: four first tasks, so none only starts its DAG."""
+    """The five waits run side by side: five first tasks, so none only starts its DAG."""
     url = f"sqlite:///{audited.airflow.home / 'airflow.db'}"
     engine = open_engine(url)
     try:
@@ -152,7 +166,7 @@ def test_the_dag_shape_is_read_from_the_dag_airflow_serialized(audited: Audited)
             shape = dag_shape(connection, DAG_ID)
     finally:
         engine.dispose()
-    assert shape is not None and shape.roots == set(TASKS) and shape.tasks == 4
+    assert shape is not None and shape.roots == set(TASKS) and shape.tasks == len(TASKS)
     assert not any(shape.starts_with(task) for task in TASKS)
 
 
@@ -161,11 +175,18 @@ def test_the_saving_in_words_and_the_html_page_use_the_measured_times(audited: A
     assert set(held) == {("DateTimeSensor", "poke"), ("DateTimeSensor", "reschedule"), ("DateTimeSensor", "deferred")}
     poke, deferred = held[("DateTimeSensor", "poke")], held[("DateTimeSensor", "deferred")]
     assert poke["worker_held_hours"] >= 0.9 * poke["poke_would_hold_hours"]
-    assert deferred["runs"] == 2 and deferred["worker_held_hours"] <= 0.3 * deferred["poke_would_hold_hours"]
+    assert deferred["runs"] == 3 and deferred["worker_held_hours"] <= 0.3 * deferred["poke_would_hold_hours"]
     total = audited.report["sensors_total"]
-    assert total["sentence"].startswith("All sensors (4 runs): a poke-mode sensor would have held ")
+    assert total["sentence"].startswith("All sensors (5 runs): a poke-mode sensor would have held ")
     # Airflow here loads no examples and no OpenLineage; the DB cannot prove it, so it is a condition.
     assert audited.report["listeners"]["registered"] is None
-    ending = [r for r in audited.report["recommendations"] if r["change"] == "end_from_trigger"]
-    assert [r["task_id"] for r in ending] == ["deferred"] and ending[0]["condition"] == "no listener plugins"
+    # Both deferred sensors started on a worker: start in the triggerer, and the resumed one end there too.
+    starting = {r["task_id"]: r for r in audited.report["recommendations"] if r["change"] == "start_from_trigger"}
+    assert set(starting) == {"deferred", "end_from_trigger"}, audited.report["recommendations"]
+    assert starting["deferred"]["condition"] == "Airflow 3.3 or later; no listener plugins"
+    assert starting["deferred"]["advice"].startswith("no worker at all: start_from_trigger=True")
+    assert starting["end_from_trigger"]["condition"] == "Airflow 3.3 or later"
+    assert starting["deferred"]["saves_seconds"] == pytest.approx(audited.seconds("deferred", "worker_held"))
+    # Started and ended in the triggerer already: nothing left to advise.
+    assert "start_from_trigger" not in {r["task_id"] for r in audited.report["recommendations"]}
     assert audited.html.count('class="held"') == 3 and total["sentence"] in audited.html

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from airflow_deferrable_kit.audit import Progress, Report, run_audit
+from airflow_deferrable_kit.audit import START_CONDITION, STARTS_DAG_CONDITION, Progress, Report, run_audit
 from tests.audit.conftest import MetadataDB
 from tests.audit.scenario import EXPECTED, KIT, NOW, RANKED, RECOMMENDED, at, populate
 
@@ -229,23 +229,27 @@ def test_the_table_states_what_sensors_held_and_what_each_change_saves(filled: M
     assert "No sensor held" not in text
     other = "Other changes that would hold less"
     kafka = cells(text, "wait_kafka", other)
-    assert kafka[3:5] == ["deferred", "20.0 s"]
+    assert kafka[3:5] == ["deferred", "40.0 s"]  # every worker run: before deferring, and the resume
     assert kafka[5].startswith(
-        "end_from_trigger=True (KafkaMessageSensor of this kit resumes only to return its payload; "
-        "not with commit_on_match=True), if no listener plugin is registered"
+        "no worker at all: start_from_trigger=True (KafkaMessageSensor of this kit starts in the triggerer"
     )
-    assert cells(text, "wait_deferred", other)[4] == "1.0 s"
+    assert (
+        "; and end_from_trigger=True (KafkaMessageSensor of this kit resumes only to return its payload; "
+        "not with commit_on_match=True), if no listener plugin is registered"
+    ) in kafka[5]
+    assert cells(text, "wait_deferred", other)[4] == "3.5 s"
     assert "end_from_trigger is advised on condition: Airflow refuses it while listener plugins" in text
+    assert "start_from_trigger is advised on condition: it needs Airflow 3.3 or later" in text
 
 
 def test_each_sensor_gets_its_next_change_and_the_worker_time_it_saves(filled: MetadataDB) -> None:
     report = audit(filled)
     found = [(r.key["task_id"], r.change, pytest.approx(r.saves)) for r in report.recommendations]
     assert found == RECOMMENDED
-    # Listeners unknown: each end_from_trigger says so; nothing else here depends on them.
+    # Airflow's version and the listeners unknown: each start_from_trigger says so; nothing else depends on them.
     assert {r.key["task_id"]: r.condition for r in report.recommendations if r.condition} == {
-        "wait_kafka": "no listener plugins",
-        "wait_deferred": "no listener plugins",
+        "wait_kafka": "Airflow 3.3 or later; no listener plugins",
+        "wait_deferred": "Airflow 3.3 or later; no listener plugins",
     }
     # Found at once (nothing to save) and not sensors: no recommendation.
     assert not {"wait_ready", "transform"} & {r.key["task_id"] for r in report.recommendations}
@@ -270,42 +274,50 @@ def test_a_tiny_deferred_resume_is_stated_not_denied(metadata_db: MetadataDB) ->
     assert "No sensor held" not in text
     assert "Sensors held worker slots for 6.0 s beyond one check per try (IDLE), none of it waiting in poke" in text
     assert not FAKE_ZERO.search(text) and cells(text, "TOTAL")[1:5] == ["3", "2.0 min", "6.6 s", "6.0 s"]
-    assert [(r.change, pytest.approx(r.saves)) for r in report.recommendations] == [("end_from_trigger", 0.2)] * 3
-    assert cells(text, "wait_0", "Other changes that would hold less")[4] == "0.2 s"
+    # Started on a worker for 2 s, resumed for 0.2 s: starting and ending in the triggerer saves both.
+    assert [(r.change, pytest.approx(r.saves)) for r in report.recommendations] == [("start_from_trigger", 2.2)] * 3
+    assert cells(text, "wait_0", "Other changes that would hold less")[4] == "2.2 s"
 
 
 def test_a_sensor_that_ends_in_the_triggerer_is_told_of_its_event_trigger_on_condition(
     metadata_db: MetadataDB,
 ) -> None:
-    """No serialized DAG to tell the shape: the event trigger is advised with its condition."""
-    # Deferred with end_from_trigger: no resume, the triggerer ended both.
-    for task_id, operator in [
-        ("wait_s3_end_from_trigger", "S3KeySensor"),
-        ("wait_moment_end_from_trigger", "DateTimeSensor"),
+    """No serialized DAG to tell the shape: the event trigger is advised with its condition, after
+    starting in the triggerer where that applies (a mapped task cannot, in Airflow 3.3.2)."""
+    ended_in_triggerer = [("running", at(0.1)), ("deferred", at(1.5))]
+    resumed_on_worker = [*ended_in_triggerer, ("running", at(300.1)), ("success", at(300.3))]
+    for task_id, operator, events, map_index in [
+        ("wait_s3_end_from_trigger", "S3KeySensor", ended_in_triggerer, -1),
+        ("wait_moment_end_from_trigger", "DateTimeSensor", ended_in_triggerer, -1),
+        ("wait_s3_resumed", "S3KeySensor", resumed_on_worker, -1),
+        ("wait_s3_mapped_end_from_trigger", "S3KeySensor", ended_in_triggerer, 0),
+        ("wait_s3_mapped_resumed", "S3KeySensor", resumed_on_worker, 0),
     ]:
-        events = [("running", at(0.1)), ("deferred", at(1.5))]
-        metadata_db.attempt("etl", task_id, operator=operator, start=at(0), end=at(300), events=events)
-    # Resumed on a worker for 0.2 s.
-    metadata_db.attempt(
-        "etl",
-        "wait_s3_resumed",
-        operator="S3KeySensor",
-        start=at(0),
-        end=at(300.3),
-        queued=at(300),
-        events=[("running", at(0.1)), ("deferred", at(1.5)), ("running", at(300.1)), ("success", at(300.3))],
-    )
+        resumed = events is resumed_on_worker
+        metadata_db.attempt(
+            "etl", task_id, operator=operator, start=at(0), end=at(300.3 if resumed else 300),
+            queued=at(300) if resumed else None, events=events, map_index=map_index,
+        )  # fmt: skip
     report = audit(metadata_db, listeners=False)
-    # A wall-clock moment has no event to watch for: nothing for wait_moment_end_from_trigger.
-    watcher, resumed = report.recommendations
-    assert (resumed.key["task_id"], resumed.change, resumed.condition) == ("wait_s3_resumed", "end_from_trigger", None)
-    assert (watcher.key["task_id"], watcher.change) == ("wait_s3_end_from_trigger", "asset_watcher")
-    assert watcher.condition == "if it is the first task of a DAG that only waits on it to start work"
-    assert (resumed.saves, watcher.saves) == (pytest.approx(0.2), pytest.approx(1.5))
-    assert watcher.advice.startswith(watcher.condition + ": schedule the DAG on an Asset with an AssetWatcher on ")
-    assert "S3KeyEventTrigger" in watcher.advice and "not in this kit" not in watcher.advice
-    assert resumed.advice.endswith("; " + watcher.advice)  # the event trigger, on its condition
-    assert cells(report.to_table(), "wait_s3_end_from_trigger", "would hold less")[4:] == ["1.5 s", watcher.advice]
+    found = {r.key["task_id"]: r for r in report.recommendations}
+    watcher_advice = found["wait_s3_mapped_end_from_trigger"].advice
+    assert STARTS_DAG_CONDITION == "if it is the first task of a DAG that only waits on it to start work"
+    assert watcher_advice.startswith(STARTS_DAG_CONDITION + ": schedule the DAG on an Asset with an AssetWatcher on ")
+    assert "S3KeyEventTrigger" in watcher_advice and "not in this kit" not in watcher_advice
+    saves = {task_id: (r.change, pytest.approx(r.saves), r.condition) for task_id, r in found.items()}
+    assert saves == {
+        "wait_s3_end_from_trigger": ("start_from_trigger", pytest.approx(1.5), START_CONDITION),
+        "wait_moment_end_from_trigger": ("start_from_trigger", pytest.approx(1.5), START_CONDITION),
+        "wait_s3_resumed": ("start_from_trigger", pytest.approx(1.7), START_CONDITION),
+        "wait_s3_mapped_end_from_trigger": ("asset_watcher", pytest.approx(1.5), STARTS_DAG_CONDITION),
+        "wait_s3_mapped_resumed": ("end_from_trigger", pytest.approx(0.2), None),
+    }
+    # The event trigger follows on its condition; a wall-clock moment has none to watch for.
+    for task_id in ("wait_s3_end_from_trigger", "wait_s3_resumed", "wait_s3_mapped_resumed"):
+        assert found[task_id].advice.endswith("; " + watcher_advice), task_id
+    assert "AssetWatcher" not in found["wait_moment_end_from_trigger"].advice
+    row = cells(report.to_table(), "wait_s3_mapped_end_from_trigger", "would hold less")
+    assert row[4:] == ["1.5 s", watcher_advice]
 
 
 def test_run_ids_narrow_the_audit_to_those_dag_runs(filled: MetadataDB) -> None:

@@ -1,8 +1,9 @@
-"""The same ~30 s wall-clock wait held four ways, so the audit can be checked against reality.
+"""The same ~30 s wall-clock wait held five ways, so the audit can be checked against reality.
 
 ``poke`` holds a worker slot the whole time, ``reschedule`` only while each poke runs,
 ``deferred`` only before deferring and after resuming, ``end_from_trigger`` only before
-deferring. ``adk_audit_warmup`` runs first: the first tasks after Airflow starts wait seconds on
+deferring, ``start_from_trigger`` (with ``end_from_trigger``) never: the scheduler defers it and
+the triggerer ends it. ``adk_audit_warmup`` runs first: the first tasks after Airflow starts wait seconds on
 the cold API server, which would blur the measurement.
 """
 
@@ -27,6 +28,14 @@ with DAG(dag_id="adk_audit_modes", schedule=None, start_date=START, catchup=Fals
         task_id="end_from_trigger",
         target_time=TARGET,
         deferrable=True,
+        end_from_trigger=True,
+        poke_interval=5,
+        timeout=600,
+    )
+    DateTimeSensor(
+        task_id="start_from_trigger",
+        target_time=TARGET,
+        start_from_trigger=True,
         end_from_trigger=True,
         poke_interval=5,
         timeout=600,
