@@ -1,9 +1,10 @@
-"""Worker slots on a real Airflow: M sensors wait W seconds four ways, side by side in one run.
+"""Worker slots on a real Airflow: M sensors wait W seconds five ways, side by side in one run.
 
 One throw-away Airflow 3 (api-server, scheduler, triggerer, dag-processor; SQLite +
 LocalExecutor with ``parallelism`` = 4 x M, see :mod:`scripts.airflow_local`) runs
 ``adk_worker_slots`` (``benchmarks/dags/worker_slots.py``): M of this kit's ``DateTimeSensor`` per
-mode - ``poke``, ``reschedule``, ``deferrable``, ``deferrable`` + ``end_from_trigger`` - all
+mode - ``poke``, ``reschedule``, ``deferrable``, ``deferrable`` + ``end_from_trigger``, and
+``start_from_trigger`` + ``end_from_trigger`` (Airflow 3.3+: no worker at all) - all
 waiting for the same moment (the run's trigger time + W, passed as ``dag_run.conf['target']``)
 and checking every ``--poke-interval`` seconds. A warm-up DAG of the same size runs first, so
 the API server, the triggerer and every LocalExecutor worker process have done their one-off
@@ -73,11 +74,18 @@ UTC = dt.timezone.utc
 # The names benchmarks/dags/worker_slots.py defines; checked against the run's task ids.
 DAG_ID = "adk_worker_slots"
 WARMUP_DAG_ID = "adk_worker_slots_warmup"
-MODES = ("poke", "reschedule", "deferrable", "end_from_trigger")
+MODES = ("poke", "reschedule", "deferrable", "end_from_trigger", "start_from_trigger")
 #: How the audit must classify each mode's tries, or the mode did not run as intended.
-AUDIT_MODE = {"poke": "poke", "reschedule": "reschedule", "deferrable": "deferred", "end_from_trigger": "deferred"}
+AUDIT_MODE = {
+    "poke": "poke",
+    "reschedule": "reschedule",
+    "deferrable": "deferred",
+    "end_from_trigger": "deferred",
+    "start_from_trigger": "deferred",
+}
 #: The targets: worker-occupied seconds of a mode as a share of poke mode's, for W = 300 s.
-TARGETS = {"deferrable": 2.0, "end_from_trigger": 1.0}
+#: Starting and ending in the triggerer, no worker may start at all (checked on its own too).
+TARGETS = {"deferrable": 2.0, "end_from_trigger": 1.0, "start_from_trigger": 0.0}
 TARGET_WAIT = 300.0
 #: The warm-up sensors wait this long, so the deferrable ones really defer on a cold Airflow.
 WARMUP_WAIT = 30.0

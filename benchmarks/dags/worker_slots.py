@@ -1,15 +1,18 @@
-"""The worker-slot benchmark's DAGs: M sensors waiting for the same wall-clock moment, four ways.
+"""The worker-slot benchmark's DAGs: M sensors waiting for the same wall-clock moment, five ways.
 
 ``adk_worker_slots`` holds ``M`` DateTimeSensors per mode, all in one run so every mode shares
 the same machine conditions: ``poke`` (a worker slot for the whole wait), ``reschedule`` (a slot
 per poke), ``deferrable`` (a slot before deferring and after resuming) and ``end_from_trigger``
-(a slot before deferring only). Every sensor waits for ``dag_run.conf['target']`` and checks
-every ``poke_interval`` seconds, the same in every mode (the trigger polls at that interval too).
+(a slot before deferring only) and ``start_from_trigger`` (with ``end_from_trigger``: no slot at
+all, the scheduler defers the task and the triggerer ends it). Every sensor waits for
+``dag_run.conf['target']`` and checks every ``poke_interval`` seconds, the same in every mode
+(the trigger polls at that interval too).
 
 ``adk_worker_slots_warmup`` has the same sensors with a short wait and is run first: the first
 tasks after Airflow starts wait seconds on a cold API server and triggerer, and the first task
 each LocalExecutor worker process runs imports the task SDK's supervisor (seconds of CPU). All
-4 x M warm-up tasks are queued at once, so every one of the 4 x M worker processes takes one: a
+4 x M warm-up tasks that run on a worker are queued at once, so every one of the 4 x M worker
+processes takes one: a
 deployment that has been up for a while does not pay these costs.
 
 A worker parsing this file for a task builds only that task's DAG (``get_parsing_context``), so
@@ -29,18 +32,21 @@ from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
 
 DAG_ID = "adk_worker_slots"
 WARMUP_DAG_ID = "adk_worker_slots_warmup"
-MODES = ("poke", "reschedule", "deferrable", "end_from_trigger")
+MODES = ("poke", "reschedule", "deferrable", "end_from_trigger", "start_from_trigger")
 SENSORS = int(os.environ.get("ADK_WORKER_SLOTS_SENSORS", "4"))
 POKE_INTERVAL = float(os.environ.get("ADK_WORKER_SLOTS_POKE_INTERVAL", "30"))
 TIMEOUT = float(os.environ.get("ADK_WORKER_SLOTS_TIMEOUT", "900"))
 TARGET = "{{ dag_run.conf['target'] }}"
 START = dt.datetime(2024, 1, 1)
+TASKS = len(MODES) * SENSORS
 
 MODE_ARGS: dict[str, dict[str, Any]] = {
     "poke": {"deferrable": False, "mode": "poke"},
     "reschedule": {"deferrable": False, "mode": "reschedule"},
     "deferrable": {"deferrable": True},
     "end_from_trigger": {"deferrable": True, "end_from_trigger": True},
+    # Airflow 3.3+: the scheduler defers it and the triggerer renders the target and ends it.
+    "start_from_trigger": {"start_from_trigger": True, "end_from_trigger": True},
 }
 
 
@@ -61,7 +67,7 @@ def sensors(count: int, poke_interval: float) -> None:
 PARSING = get_parsing_context().dag_id
 
 if PARSING in (None, DAG_ID):
-    with DAG(dag_id=DAG_ID, schedule=None, start_date=START, catchup=False, max_active_tasks=4 * SENSORS):
+    with DAG(dag_id=DAG_ID, schedule=None, start_date=START, catchup=False, max_active_tasks=TASKS):
         sensors(SENSORS, POKE_INTERVAL)
 
 # Checks 15 s apart: a reschedule poke due sooner than the executor reports the previous one
@@ -69,5 +75,5 @@ if PARSING in (None, DAG_ID):
 # attribute is queued"), and the executor's report can come up to [workers] min_heartbeat_interval
 # (5 s) after the poke.
 if PARSING in (None, WARMUP_DAG_ID):
-    with DAG(dag_id=WARMUP_DAG_ID, schedule=None, start_date=START, catchup=False, max_active_tasks=4 * SENSORS):
+    with DAG(dag_id=WARMUP_DAG_ID, schedule=None, start_date=START, catchup=False, max_active_tasks=TASKS):
         sensors(SENSORS, 15)
