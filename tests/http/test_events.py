@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from airflow.sdk import Asset, AssetWatcher
 
+from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY
 from airflow_deferrable_kit._event_streams import live_boards
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import watch_blocking
@@ -128,7 +129,8 @@ async def test_an_error_status_changes_nothing_and_backs_the_poll_off(batch: tup
         api.status = 200  # ready -> 503 -> ready is not a new edge
         await quiet()
         assert watch.payloads == []
-        assert during < 1.0 / FAST / 2  # backed off, not one request every poll interval
+        # Backed off: each retry waits at least MIN_RETRY_DELAY (0.1 s), not one request every poll (0.05 s).
+        assert during <= 1.0 / MIN_RETRY_DELAY + 1 < 1.0 / FAST
         api.state = "running"
         await quiet()
         api.state = "ready"
