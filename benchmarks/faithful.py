@@ -128,10 +128,13 @@ def deferral(
             from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
 
             sensor = HttpBatchReadySensor(http_conn_id="bench_http", endpoint=f"ready/{i}", **kit)
-        elif kind == "postgres":
+        elif kind.startswith("postgres"):
             from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
+            from benchmarks.triggerer_load import marker_key, table_of
 
-            sensor = PostgresBatchMarkerSensor(postgres_conn_id="bench_pg", table="markers", match={"id": i}, **kit)
+            sensor = PostgresBatchMarkerSensor(
+                postgres_conn_id="bench_pg", table=table_of(kind, i), match={"batch_id": marker_key(i)}, **kit
+            )
         elif kind.startswith("kafka"):
             from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
 
@@ -359,7 +362,7 @@ def _kit_trigger_class(kind: str) -> type:
         from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
 
         return HttpBatchReadyTrigger
-    if kind == "postgres":
+    if kind.startswith("postgres"):
         from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
 
         return PostgresBatchMarkerTrigger

@@ -2,8 +2,9 @@
 
 No official deferrable SQL or Postgres trigger exists, so the benchmark compares with the
 pattern a team writes from Airflow's "Writing deferrable operators" guide: a ``BaseTrigger``
-that opens its own asyncpg connection in ``run()``, runs ``SELECT ... WHERE id = $1`` every
-poll and sleeps ``poll_interval`` in between. One wait, one connection, one statement per poll.
+that opens its own asyncpg connection in ``run()``, runs ``SELECT ... WHERE batch_id = $1`` (a
+text key, as marker tables have) every poll and sleeps ``poll_interval`` in between. One wait,
+one connection, one statement per poll.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ STATEMENTS = [0]
 
 
 class NaivePostgresMarkerTrigger(BaseTrigger):
-    """Wait for ``SELECT * FROM <table> WHERE id = $1`` to return a row, on a connection of its own."""
+    """Wait for ``SELECT * FROM <table> WHERE batch_id = $1`` to return a row, on a connection of its own."""
 
-    def __init__(self, postgres_conn_id: str, table: str, marker_id: int, poll_interval: float = 30.0) -> None:
+    def __init__(self, postgres_conn_id: str, table: str, batch_id: str, poll_interval: float = 30.0) -> None:
         super().__init__()
         self.postgres_conn_id = postgres_conn_id
         self.table = table
-        self.marker_id = marker_id
+        self.batch_id = batch_id
         self.poll_interval = poll_interval
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -34,7 +35,7 @@ class NaivePostgresMarkerTrigger(BaseTrigger):
             {
                 "postgres_conn_id": self.postgres_conn_id,
                 "table": self.table,
-                "marker_id": self.marker_id,
+                "batch_id": self.batch_id,
                 "poll_interval": self.poll_interval,
             },
         )
@@ -50,7 +51,7 @@ class NaivePostgresMarkerTrigger(BaseTrigger):
         try:
             while True:
                 STATEMENTS[0] += 1
-                row = await connection.fetchrow(f"SELECT * FROM {self.table} WHERE id = $1", self.marker_id)
+                row = await connection.fetchrow(f"SELECT * FROM {self.table} WHERE batch_id = $1", self.batch_id)
                 if row is not None:
                     yield TriggerEvent({"status": "success", "row": dict(row)})
                     return

@@ -128,6 +128,11 @@ def s3_unrelated(kind: str) -> list[str]:
     return []
 
 
+def marker_key(i: int) -> str:
+    """Wait ``i``'s batch id: a text key, as marker tables have them (``batch-000042``)."""
+    return f"batch-{i:06d}"
+
+
 def table_of(kind: str, i: int) -> str:
     """The marker table wait ``i`` is on."""
     return "markers" if kind == "postgres" else f"markers_{i % POSTGRES_TABLES}"
@@ -347,13 +352,14 @@ async def _flipper(kind: str, n: int, endpoint: str, topics: int = 0, unrelated:
         conn = await asyncpg.connect(endpoint)
         tables = sorted({table_of(kind, i) for i in range(max(n, POSTGRES_TABLES))})
         for table in tables:
-            await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, state text NOT NULL)")
+            await conn.execute(f"CREATE TABLE {table} (batch_id text PRIMARY KEY, state text NOT NULL)")
         print("READY", file=out, flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
         async with conn.transaction():  # every marker appears at once
             for table in tables:
                 await conn.execute(
-                    f"INSERT INTO {table} SELECT g, 'ready' FROM generate_series(0, $1::int - 1) g "
+                    f"INSERT INTO {table} SELECT 'batch-' || lpad(g::text, 6, '0'), 'ready' "
+                    "FROM generate_series(0, $1::int - 1) g "
                     f"WHERE $2 = 'markers' OR 'markers_' || (g % {POSTGRES_TABLES}) = $2",
                     n,
                     table,
@@ -463,7 +469,7 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
             elif kind == "http-one-url":
                 kw = {"http_conn_id": "bench_http", "endpoint": "ready/0"}
             elif kind.startswith("postgres"):
-                kw = {"postgres_conn_id": "bench_pg", "table": table_of(kind, i), "match": {"id": i}}
+                kw = {"postgres_conn_id": "bench_pg", "table": table_of(kind, i), "match": {"batch_id": marker_key(i)}}
             elif kind.startswith("kafka"):
                 kw = {
                     "topics": [topic_of(kind, i, topics)],
@@ -508,7 +514,7 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
         from benchmarks.naive_postgres import NaivePostgresMarkerTrigger as ocls  # type: ignore[assignment]
 
         made = [
-            ocls(postgres_conn_id="bench_pg", table=table_of(kind, i), marker_id=i, poll_interval=poll)
+            ocls(postgres_conn_id="bench_pg", table=table_of(kind, i), batch_id=marker_key(i), poll_interval=poll)
             for i in range(n)
         ]
     elif kind.startswith("kafka"):

@@ -137,11 +137,11 @@ class RunMomentTrigger(DateTimeTrigger):
         return super().next_poll_delay() if self._target_ts is not None else float(self.poll_interval)
 
     async def wait(self) -> dict[str, Any]:
-        if self._target_ts is None and self.rule == "after_start":
+        if getattr(self, "_target_ts", None) is None and self.rule == "after_start" and hasattr(self, "_span"):
             started = self.started_at()
             start = dt.datetime.fromtimestamp(self.clock.time() if started is None else started, tz=dt.timezone.utc)
             self._fix(shifted(start, self._span, argument="time_to_wait"))
-        if self._target_ts is None:
+        if getattr(self, "_target_ts", None) is None:  # not worked out: no run's context given
             message = (
                 f"{RUN_MOMENT_RULES[self.rule]}'s moment comes from the run's dates, which only Airflow starting "
                 "the task in the triggerer (start_from_trigger) gives this trigger"

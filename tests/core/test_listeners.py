@@ -36,6 +36,15 @@ print("ADK-RESULT " + json.dumps({
         f"{dag.dag_id}.{task.task_id}": getattr(task, "end_from_trigger", None)
         for dag in bag.dags.values() for task in dag.tasks
     },
+    "start_from_trigger": {
+        f"{dag.dag_id}.{task.task_id}": [
+            getattr(task, "start_from_trigger", None),
+            (getattr(task, "start_trigger_args", None) and task.start_trigger_args.trigger_kwargs or {}).get(
+                "end_from_trigger"
+            ),
+        ]
+        for dag in bag.dags.values() for task in dag.tasks
+    },
 }))
 """
 

@@ -319,3 +319,35 @@ def test_kafka_renders_a_templated_start_in_the_triggerer() -> None:
                       context=run_context(dag, data_interval_end=None))  # fmt: skip
     assert trigger._unbuilt is None
     assert trigger.start_after_ms == int(dt.datetime(2026, 3, 29, tzinfo=dt.timezone.utc).timestamp() * 1000)
+
+
+START_AND_END_DAG = """
+import datetime as dt
+from airflow.sdk import DAG
+from airflow_deferrable_kit.sensors.temporal import TimeDeltaSensor
+
+with DAG(dag_id="adk_start_listeners", schedule=None, start_date=dt.datetime(2024, 1, 1)):
+    TimeDeltaSensor(task_id="wait", delta=dt.timedelta(minutes=5), start_from_trigger=True, end_from_trigger=True)
+"""
+
+
+def test_with_a_listener_loaded_the_wait_still_starts_in_the_triggerer_and_resumes_on_a_worker(
+    tmp_path: Any,
+) -> None:
+    """Airflow refuses end_from_trigger with listeners (OpenLineage here): the DAG still parses, the
+    task still starts with no worker, and only its end goes to a worker."""
+    from tests.core.test_listeners import parse
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "start_listeners.py").write_text(START_AND_END_DAG)
+    result = parse(
+        dags,
+        tmp_path,
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__OPENLINEAGE__TRANSPORT='{"type": "console"}',
+        AIRFLOW__OPENLINEAGE__NAMESPACE="adk-test",
+    )
+    assert result["listeners"] is True and result["errors"] == {}
+    assert result["end_from_trigger"]["adk_start_listeners.wait"] is False
+    assert result["start_from_trigger"]["adk_start_listeners.wait"] == [True, False]

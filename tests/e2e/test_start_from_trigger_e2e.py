@@ -154,3 +154,21 @@ def test_a_rendered_value_that_is_not_valid_fails_the_task_with_the_reason(
     log = json.dumps(airflow.task_log(DAG_ID, run.run_id, task_id, run.last[task_id]["try_number"]))
     assert "rendered in the triggerer are not valid" in log and "target_time" in log, log[-3000:]
     assert airflow.processes["triggerer"].poll() is None  # the triggerer kept running
+
+
+def test_a_mapped_sensor_with_start_from_trigger_starts_on_a_worker_and_still_waits(
+    airflow: LocalAirflow, started: tuple[WatchedRun, dict[str, Any]]
+) -> None:
+    """Airflow 3.3.2's scheduler does not start mapped tasks in the triggerer (it logs "Starting a
+    mapped task from triggerer is currently unsupported"); the kit's sensor then defers from a worker."""
+    run, _ = started
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run.run_id}/taskInstances/mapped_keys/listMapped"
+    mapped = airflow.api("GET", path)["task_instances"]
+    assert sorted((ti["map_index"], ti["state"]) for ti in mapped) == [(0, "success"), (1, "success")], mapped
+    for ti in mapped:
+        log = airflow.api(
+            "GET",
+            f"/api/v2/dags/{DAG_ID}/dagRuns/{run.run_id}/taskInstances/mapped_keys/logs/1"
+            f"?full_content=true&map_index={ti['map_index']}",
+        )
+        assert WORKER_STARTED in json.dumps(log)  # started on a worker, then deferred

@@ -1,5 +1,7 @@
 """HA on a real Airflow: two triggerers share a PostgreSQL metadata DB; SIGKILL the one holding
-a deferred task's trigger, and the other adopts it and the task succeeds.
+a deferred task's trigger, and the other adopts it and the task succeeds. Among them, waits the
+scheduler started in the triggerer (``start_from_trigger``): the adopter keeps their deadline
+and moment, and no worker ever runs them.
 
 Starts its own Airflow (the session one runs on SQLite with one triggerer). The triggerers are
 started one after the other so each Airflow job id maps to its process.
@@ -26,6 +28,9 @@ pytestmark = pytest.mark.e2e
 
 DAG = Path(__file__).parent / "dags" / "e2e_datetime.py"
 DAG_ID = "adk_e2e_datetime"
+START_DAG = Path(__file__).parent / "dags" / "e2e_start_ha.py"
+START_DAG_ID = "adk_e2e_start_ha"
+WAIT_SECONDS = 75  # start_wait's time_to_wait in e2e_start_ha.py
 T = TypeVar("T")
 
 
@@ -34,6 +39,7 @@ def ha_airflow(postgres_server: services.Postgres) -> Iterator[tuple[LocalAirflo
     dsn = new_database(postgres_server, "airflow_ha")
     dags = Path(tempfile.mkdtemp(prefix="adk-ha-dags-"))
     shutil.copy(DAG, dags / DAG.name)
+    shutil.copy(START_DAG, dags / START_DAG.name)
     airflow = LocalAirflow(
         dags_folder=dags,
         sql_alchemy_conn=sqlalchemy_url(dsn),
@@ -57,22 +63,27 @@ def test_the_other_triggerer_adopts_the_trigger_of_a_killed_one(ha_airflow: tupl
     process = {first_job: "triggerer", second_job: "triggerer-2"}
 
     airflow.wait_for_dag(DAG_ID)
+    airflow.wait_for_dag(START_DAG_ID)
     target = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=75)).replace(microsecond=0)
     run_id = airflow.trigger(DAG_ID, {"target": target.isoformat()})
+    start_run_id = airflow.trigger(START_DAG_ID, {"target": target.isoformat()})
 
     def assigned() -> list[tuple[object, ...]]:
-        rows = query(dsn, "SELECT id, triggerer_id FROM trigger")
-        return rows if len(rows) == 2 and all(row[1] is not None for row in rows) else []
+        rows = query(
+            dsn, "SELECT ti.task_id, t.triggerer_id FROM trigger t JOIN task_instance ti ON ti.trigger_id = t.id"
+        )
+        return rows if len(rows) == 4 and all(row[1] is not None for row in rows) else []
 
-    rows = wait_for("both triggers assigned to a triggerer", assigned)
-    victim = int(str(rows[0][1]))
+    rows = wait_for("all four triggers assigned to a triggerer", assigned)
+    # The one running the wait whose moment counts from its start: the adopter must keep that start.
+    victim = int(str(dict(rows)["start_wait"]))
     survivor = second_job if victim == first_job else first_job
     assert dt.datetime.now(dt.timezone.utc) < target - dt.timedelta(seconds=20), "too slow to test adoption"
     os.killpg(airflow.processes[process[victim]].pid, signal.SIGKILL)
 
     def adopted() -> bool:
         rows = query(dsn, "SELECT triggerer_id FROM trigger")
-        return len(rows) == 2 and all(row[0] == survivor for row in rows)
+        return len(rows) == 4 and all(row[0] == survivor for row in rows)
 
     wait_for("the surviving triggerer adopting every trigger", adopted)
     assert dt.datetime.now(dt.timezone.utc) < target  # adopted before the moment: the survivor fires it
@@ -83,3 +94,14 @@ def test_the_other_triggerer_adopts_the_trigger_of_a_killed_one(ha_airflow: tupl
         assert watched.states[task_id][-1] == "success"
         assert airflow.xcom(DAG_ID, run_id, task_id) == {"status": "success", "target_time": target.isoformat()}
     assert airflow.processes[process[victim]].poll() is not None  # the killed one stayed dead
+
+    started = airflow.watch_run(START_DAG_ID, start_run_id, timeout=240)
+    assert started.run_state == "success", started.states
+    for task_id in ("start_datetime", "start_wait"):  # never queued to an executor: no worker ran them
+        ti = started.last[task_id]
+        assert ti["queued_when"] is None and ti["try_number"] == 1 and ti["state"] == "success", ti
+    assert airflow.xcom(START_DAG_ID, start_run_id, "start_datetime")["target_time"] == target.isoformat()
+    # The moment is the first start's + 75 s: adopted seconds later, a fresh start would be later.
+    moment = dt.datetime.fromisoformat(airflow.xcom(START_DAG_ID, start_run_id, "start_wait")["target_time"])
+    scheduled = dt.datetime.fromisoformat(started.last["start_wait"]["start_date"])
+    assert abs((moment - scheduled).total_seconds() - WAIT_SECONDS) < 3, (moment, scheduled)

@@ -86,6 +86,10 @@ with DAG(dag_id="adk_e2e_start_from_trigger", schedule=None, start_date=dt.datet
         timeout=120,
         **IN_TRIGGERER,
     )
+    # Mapped: Airflow 3.3.2 starts a mapped task on a worker whatever the flag (GH-52141); it still waits.
+    S3KeySensor.partial(
+        task_id="mapped_keys", aws_conn_id="s3_demo", poke_interval=1, timeout=120, **IN_TRIGGERER
+    ).expand(bucket_key=[f"s3://{BUCKET}/{{{{ dag_run.conf['key'] }}}}"] * 2)
     # Moments a worker used to work out when the try started, worked out in the triggerer.
     TimeDeltaSensor(task_id="delta_after_run", delta=dt.timedelta(seconds=20), timeout=120, **IN_TRIGGERER)
     WaitSensor(task_id="wait_from_start", time_to_wait=dt.timedelta(seconds=12), timeout=120, **IN_TRIGGERER)
