@@ -1,7 +1,8 @@
 """Worker slots on a real Airflow: M sensors wait W seconds five ways, side by side in one run.
 
 One throw-away Airflow 3 (api-server, scheduler, triggerer, dag-processor; SQLite +
-LocalExecutor with ``parallelism`` = 4 x M, see :mod:`scripts.airflow_local`) runs
+LocalExecutor with ``parallelism`` = 4 x M, one slot per sensor of the four modes that use a
+worker, see :mod:`scripts.airflow_local`) runs
 ``adk_worker_slots`` (``benchmarks/dags/worker_slots.py``): M of this kit's ``DateTimeSensor`` per
 mode - ``poke``, ``reschedule``, ``deferrable``, ``deferrable`` + ``end_from_trigger``, and
 ``start_from_trigger`` + ``end_from_trigger`` (Airflow 3.3+: no worker at all) - all
@@ -779,7 +780,9 @@ def measure(argv: Sequence[str], args: argparse.Namespace, settings: Settings, m
         print(f"Airflow up in {time.monotonic() - began:.0f} s; warm-up run ...", file=sys.stderr, flush=True)
         warmup = run_dag(airflow, WARMUP_DAG_ID, WARMUP_WAIT, timeout=WARMUP_WAIT + 300)
         print(
-            f"Measured run: {4 * settings.sensors} sensors, wait {settings.wait:g} s ...", file=sys.stderr, flush=True
+            f"Measured run: {len(MODES) * settings.sensors} sensors, wait {settings.wait:g} s ...",
+            file=sys.stderr,
+            flush=True,
         )
         sampler = CpuSampler()
         ran = run_dag(
