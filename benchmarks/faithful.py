@@ -177,6 +177,15 @@ def deferral(
         from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
 
         sensor = DateTimeSensorAsync(task_id=f"wait_{i}", target_time=target)
+    elif kind.startswith("postgres"):
+        # No official sensor: the naive trigger as its own operator would defer it (the default
+        # sensor timeout, as every deferral of a sensor carries).
+        from benchmarks.naive_postgres import NaivePostgresMarkerTrigger
+        from benchmarks.triggerer_load import marker_key, table_of
+
+        naive = NaivePostgresMarkerTrigger("bench_pg", table_of(kind, i), marker_key(i), poll_interval=poll)
+        classpath, kwargs = naive.serialize()
+        return classpath, kwargs, dt.timedelta(seconds=SENSOR_TIMEOUT_S)
     else:
         raise SystemExit(f"no official sensor of kind {kind}")
     return _deferred(_no_worker_look(sensor))
@@ -342,6 +351,10 @@ def install_startup_probe(kind: str, impl: str) -> StartupProbe | AlarmProbe | F
         return StartupProbe(
             HttpAsyncHook, "run", lambda *a, **k: k.get("endpoint"), "first request answered (404 until the flip)"
         )
+    if kind.startswith("postgres"):  # the naive trigger: one connection per wait, one fetchrow per poll
+        from asyncpg.connection import Connection
+
+        return StartupProbe(Connection, "fetchrow", lambda self, *a, **k: id(self), "first statement sent")
     if kind.startswith("kafka"):
         from airflow.providers.apache.kafka.hooks.consume import KafkaConsumerHook
 

@@ -20,7 +20,7 @@ import random
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
 from types import FrameType
 from typing import Any, ClassVar, Final
 
@@ -580,18 +580,19 @@ class PollingTrigger(BaseTrigger):
         await _pacer().sleep(0)  # a turn: waits woken together check a few per loop iteration
         if left is None:
             return await self.check()
-        task = asyncio.ensure_future(self.check())
+        if sys.version_info < (3, 11):  # no asyncio.timeout: the check in a task of its own
+            return await _check_in_task(self.check(), left)
+        # One timer handle, in this task: no task and no wait() per poll (a wait's deadline is
+        # usually days away, and a thousand waits poll every few seconds). A check that runs past
+        # the deadline is cancelled in place, so it has unwound before run() releases clients.
+        limit = asyncio.timeout(left)
         try:
-            done, _ = await asyncio.wait({task}, timeout=left)
-        except asyncio.CancelledError:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)  # unwound before run() releases clients
-            raise
-        if not done:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return _DEADLINE
-        return task.result()
+            async with limit:
+                return await self.check()
+        except TimeoutError:
+            if limit.expired():
+                return _DEADLINE
+            raise  # the check's own timeout: an error like any other
 
     def phase(self, delay: float) -> float:
         """The first healthy delay, shortened by a random part of one poll interval.
@@ -680,6 +681,22 @@ _BASE_TRIGGER_ATTRIBUTES = frozenset(
 #: How long after a wait's own deadline Airflow's backstop timeout fires: the wait's timeout
 #: event normally wins; the backstop covers a trigger that never ran at all.
 BACKSTOP_SECONDS: Final = 60.0
+
+
+async def _check_in_task(check: Coroutine[Any, Any, Any], left: float) -> Any:
+    """Python 3.10's way to abandon a check at the deadline: run it as a task and wait for it."""
+    task = asyncio.ensure_future(check)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=left)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # unwound before run() releases clients
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return _DEADLINE
+    return task.result()
 
 
 def holds_template(value: Any) -> bool:

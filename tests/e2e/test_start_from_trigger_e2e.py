@@ -172,3 +172,17 @@ def test_a_mapped_sensor_with_start_from_trigger_starts_on_a_worker_and_still_wa
             f"?full_content=true&map_index={ti['map_index']}",
         )
         assert WORKER_STARTED in json.dumps(log)  # started on a worker, then deferred
+
+
+def test_a_kafka_timeout_skips_and_a_postgres_error_fails_from_the_triggerer(
+    airflow: LocalAirflow, started: tuple[WatchedRun, dict[str, Any]]
+) -> None:
+    run, _ = started
+    assert run.states["kafka_timeout_soft_fail_skips"][-1] == "skipped", run.states
+    assert tries(airflow, run.run_id, "kafka_timeout_soft_fail_skips") == [(1, "skipped")]
+    assert worker_starts(airflow, run.run_id, "kafka_timeout_soft_fail_skips") == 0
+    task_id = "postgres_error_fails"
+    assert run.states[task_id][-1] == "failed", run.states
+    assert tries(airflow, run.run_id, task_id) == [(1, "failed")]
+    log = json.dumps(airflow.task_log(DAG_ID, run.run_id, task_id, 1))
+    assert "no_such_table" in log, log[-3000:]

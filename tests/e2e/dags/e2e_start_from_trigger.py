@@ -86,6 +86,29 @@ with DAG(dag_id="adk_e2e_start_from_trigger", schedule=None, start_date=dt.datet
         timeout=120,
         **IN_TRIGGERER,
     )
+    # The other outcomes on other kinds: a message that never comes skips (soft_fail), a table
+    # that does not exist fails the task with the server's reason, both from the triggerer.
+    KafkaMessageSensor(
+        task_id="kafka_timeout_soft_fail_skips",
+        kafka_conn_id="kafka_default",
+        topics="batch-events",
+        success=[{"key": "batch-never-{{ run_id }}"}],
+        poke_interval=1,
+        timeout=TIMEOUT_SECONDS,
+        soft_fail=True,
+        **IN_TRIGGERER,
+    )
+    PostgresBatchMarkerSensor(
+        task_id="postgres_error_fails",
+        postgres_conn_id="warehouse",
+        table="etl.no_such_table",
+        match={"batch_id": BATCH},
+        status_column="status",
+        ready_values=["done"],
+        poke_interval=1,
+        timeout=120,
+        **IN_TRIGGERER,
+    )
     # Mapped: Airflow 3.3.2 starts a mapped task on a worker whatever the flag (GH-52141); it still waits.
     S3KeySensor.partial(
         task_id="mapped_keys", aws_conn_id="s3_demo", poke_interval=1, timeout=120, **IN_TRIGGERER
