@@ -13,10 +13,16 @@ Anything else goes through botocore unchanged: a bucket whose rules ask for anot
 Express, multi-region access points), a configured ``signature_version``, and a request answered
 by a redirect or a bare 400 (a bucket in another region), which botocore's region redirector
 then follows. The botocore internals this needs are fenced in :mod:`airflow_deferrable_kit._s3.client`.
+
+A request is signed only once one of the pool's connections is free for it (:attr:`DirectRequests.slots`):
+when the server answers more slowly than the waits poll, the polls queue as bare coroutines
+instead of as thousands of signed requests, each with its headers and aiohttp's request objects,
+waiting in the connector's queue (and a signature is never minutes old when it is sent).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import http.client
 import urllib.parse
@@ -53,6 +59,8 @@ class DirectRequests:
         self.client = client
         self._routes: dict[tuple[str, str], Any] = {}
         self._user_agent = user_agent(client)
+        #: One per connection of the client's pool: a request is built and signed once it holds one.
+        self.slots = asyncio.Semaphore(max(1, int(getattr(client.meta.config, "max_pool_connections", 10) or 10)))
 
     # ---------------------------------------------------------------------------- HEAD
     async def head_object(self, bucket: str, key: str) -> dict[str, Any] | None:
@@ -141,7 +149,9 @@ class DirectRequests:
         return _Route(base_url=url[:-1] if url.endswith("/") else url, region=region)
 
     async def _send(self, route: _Route, method: str, url: str) -> Any:
-        return await send_signed(self.client, method, url, region=route.region, agent=self._user_agent)
+        """Sign and send once a pool connection is free; the response's headers are read, its body is not."""
+        async with self.slots:
+            return await send_signed(self.client, method, url, region=route.region, agent=self._user_agent)
 
 
 def _local(tag: str) -> str:

@@ -4,11 +4,15 @@ Requests are counted and compared by the fault proxy in front of the real S3 API
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
 import urllib.parse
 from typing import Any
 
 import pytest
 
+from airflow_deferrable_kit._s3 import requests as direct
 from airflow_deferrable_kit._s3.client import open_client
 from airflow_deferrable_kit._s3.poller import S3Poller
 from airflow_deferrable_kit.testing import run_trigger_payload
@@ -163,3 +167,38 @@ async def test_a_connection_that_sets_a_signature_version_goes_through_botocore(
     assert payload["status"] == "success"
     assert from_botocore(proxy) == [True]
     assert proxy.seen[0].headers["authorization"].startswith("AWS ")  # botocore's SigV2, as configured
+
+
+async def test_a_request_is_signed_only_when_a_pool_connection_is_free(
+    admin: Any, bucket: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server slower than the polls: the polls beyond the pool queue unsigned, and all answer."""
+    signed = 0
+    real_send_signed = direct.send_signed
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal signed
+        signed += 1
+        return await real_send_signed(*args, **kwargs)
+
+    monkeypatch.setattr(direct, "send_signed", counting)
+    await admin.put_object(Bucket=bucket, Key="queue/7.csv", Body=b"a")
+    settings = dataclasses.replace(admin_settings(proxy.url), config_json=json.dumps({"max_pool_connections": 4}))
+    poller = S3Poller(await open_client(settings))
+    try:
+        await poller.head_object(bucket, "queue/warm.csv")  # the route, resolved once
+        gate = proxy.hold_requests()
+        signed = 0
+        polls = [asyncio.create_task(poller.head_object(bucket, f"queue/{i}.csv")) for i in range(40)]
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if proxy.held == 4:
+                break
+        await asyncio.sleep(0.2)  # anything more that would be signed, is
+        assert (signed, proxy.held) == (4, 4)
+        gate.set()
+        answers = await asyncio.gather(*polls)
+    finally:
+        await poller.close()
+    assert signed == 40
+    assert [i for i, found in enumerate(answers) if found is not None] == [7]
