@@ -89,6 +89,11 @@ class _Wake:
         return self._set
 
 
+#: The queue of every waiter that has held nothing yet. ``maxlen=0``: it can never hold anything,
+#: and every append goes through :meth:`Waiter.enqueue`, which gives the waiter its own first.
+_NOTHING_QUEUED: Final[collections.deque[Any]] = collections.deque(maxlen=0)
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -129,7 +134,9 @@ class Waiter:
         self.start_after_ms = start_after_ms
         self.cursor: dict[TopicPartition, int] = {}
         self.ts_filter: set[TopicPartition] = set()
-        self.queue: collections.deque[tuple[KafkaMessage, str, Decision | None]] = collections.deque()
+        #: What was handed to it and not yet settled. Most waiters never hold anything, so they
+        #: share one empty, bounded-to-nothing deque until the first :meth:`enqueue` (760 bytes each).
+        self.queue: collections.deque[tuple[KafkaMessage, str, Decision | None]] = _NOTHING_QUEUED
         self.queued_bytes = 0
         self.wake = _Wake()
         self.readers: dict[str, TopicReader] = {}
@@ -144,6 +151,13 @@ class Waiter:
         self.finished = False
         self.counts: collections.Counter[str] = collections.Counter()
         self.index_keys = spec.index_keys()
+
+    def enqueue(self, item: tuple[KafkaMessage, str, Decision | None], size: int) -> None:
+        """Queue ``item`` for the waiter's task (its own deque made on the first one)."""
+        if self.queue is _NOTHING_QUEUED:
+            self.queue = collections.deque()
+        self.queue.append(item)
+        self.queued_bytes += size
 
     # ------------------------------------------------------------------- windows
     def admit(self, message: KafkaMessage, tp: TopicPartition) -> bool:
@@ -186,8 +200,7 @@ class Waiter:
         ):
             self._fall_behind(feed, tp, message.offset)
             return True
-        self.queue.append((message, kind, decision))
-        self.queued_bytes += message.size
+        self.enqueue((message, kind, decision), message.size)
         if kind != PREDICATE:
             # Nothing after a data decision matters: stop receiving from every feed.
             self.finished = True

@@ -59,8 +59,7 @@ class StreamWaiter(Waiter):
         ):
             self._fall_behind(feed, tp, message.offset)  # read again from this message, at our pace
             return True
-        self.queue.append((message, SUCCESS, None))
-        self.queued_bytes += message.size
+        self.enqueue((message, SUCCESS, None), message.size)
         self.wake.set()
         return True
 
