@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv system-deps lint test test-fast test-floor test-beside-official demo clean
+.PHONY: venv system-deps lint test release-checks test-fast test-floor test-beside-official demo clean
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,15 @@ lint: venv
 
 # Unit, integration (real S3 API, HTTP, PostgreSQL, Kafka-protocol broker) and end-to-end
 # (a real Airflow scheduler + triggerer) tests. Services start and stop by themselves.
-test: system-deps lint test-floor test-beside-official
-	$(BIN)/pytest -q -p no:cacheprovider --durations=15 tests
+test: system-deps lint release-checks
+	$(BIN)/pytest -q -p no:cacheprovider --durations=40 tests
+
+# The floor and beside-official checks side by side (each installs into venvs of its own), on one
+# wheel built as a release would be (the sdist, then the wheel from it) before either starts.
+release-checks: venv
+	rm -rf .dist-check && $(BIN)/uv build --quiet --out-dir .dist-check .
+	KIT_DIST=$(CURDIR)/.dist-check $(MAKE) --no-print-directory -j2 --output-sync=target test-floor test-beside-official
+	rm -rf .dist-check
 
 # The lowest apache-airflow in pyproject.toml, proven: the built wheel installed next to exactly that
 # version in a throw-away venv, every sensor and trigger imported, tests/core run (about a minute).
@@ -47,4 +54,4 @@ demo: system-deps venv
 	$(BIN)/python scripts/demo.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .dist-check

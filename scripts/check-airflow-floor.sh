@@ -9,6 +9,7 @@
 #   scripts/check-airflow-floor.sh tests/core tests/s3 -m "not e2e"   # other pytest arguments
 #   AIRFLOW_VERSION=3.2.2 scripts/check-airflow-floor.sh   # another version the package allows
 #   FLOOR_PYTHON=python3.10 scripts/check-airflow-floor.sh # the venv on another installed Python
+#   KIT_DIST=/tmp/dist scripts/check-airflow-floor.sh  # the wheel already built there (make test)
 #
 # Needs .venv (make venv) for its python and uv.
 set -euo pipefail
@@ -33,8 +34,11 @@ trap 'rm -rf "$work"' EXIT
 started=$SECONDS
 echo "== apache-airflow ${version} (floor declared in pyproject.toml: ${floor}) in ${work}"
 
-"$UV" build --quiet --out-dir "$work/dist" .
-wheels=("$work"/dist/airflow_deferrable_kit-*.whl)
+dist="${KIT_DIST:-$work/dist}"
+if [ -z "${KIT_DIST:-}" ]; then
+  "$UV" build --quiet --out-dir "$dist" .
+fi
+wheels=("$dist"/airflow_deferrable_kit-*.whl)
 "$UV" venv --quiet --no-python-downloads --python "${FLOOR_PYTHON:-$PYTHON}" "$work/venv"
 "$UV" pip install --quiet --python "$work/venv/bin/python" "apache-airflow==${version}" "${wheels[0]}[test]"
 echo "== installed in $((SECONDS - started)) s"

@@ -10,7 +10,10 @@
 #
 #   scripts/check-beside-official.sh                  # the floor and 3.3.2, both orders
 #   AIRFLOW_VERSIONS="3.3.2" scripts/check-beside-official.sh
+#   KIT_DIST=/tmp/dist scripts/check-beside-official.sh  # the wheel already built there (make test)
 #
+# The kit is installed from its wheel, as users install it (built here once, as a release
+# would: the sdist, then the wheel from it, unless KIT_DIST names a directory that holds it).
 # Needs .venv (make venv) for its python and uv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,10 +30,14 @@ official=(
   apache-airflow-providers-common-sql
   apache-airflow-providers-postgres
 )
-kit="$PWD[all]"
-
 work="$(mktemp -d "${TMPDIR:-/tmp}/adk-beside-official-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+dist="${KIT_DIST:-$work/dist}"
+if [ -z "${KIT_DIST:-}" ]; then
+  "$UV" build --quiet --out-dir "$dist" .
+fi
+wheels=("$dist"/airflow_deferrable_kit-*.whl)
+kit="${wheels[0]}[all]"
 failed=0
 for version in $versions; do
   for order in official-first kit-first; do
