@@ -224,9 +224,17 @@ class GcMeter:
         return value
 
 
-def object_census() -> collections.Counter[str]:
-    """Objects the garbage collector tracks, by type (``--object-census``)."""
-    return collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+def object_census() -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """Objects the garbage collector tracks, by type, and their bytes (``sys.getsizeof``) by type
+    (``--object-census``). Bytes count each object alone: not what it refers to, not the strings,
+    numbers and tuples of them that the collector does not track."""
+    counts: collections.Counter[str] = collections.Counter()
+    sizes: collections.Counter[str] = collections.Counter()
+    for o in gc.get_objects():
+        name = f"{type(o).__module__}.{type(o).__qualname__}"
+        counts[name] += 1
+        sizes[name] += sys.getsizeof(o)
+    return counts, sizes
 
 
 # -------------------------------------------------------------------------------- servers
@@ -282,8 +290,12 @@ def servers(kind: str, sessions: int = 0):  # type: ignore[no-untyped-def]
         with bench_server("http") as (url, _, pid):
             yield url, pid
     elif kind.startswith("postgres"):
-        with services.postgres(max_connections=max(200, sessions + 50)) as pg:
-            yield pg.dsn, None
+        # pg_stat_statements preloaded: the server's side of a poll round is reported beside ours.
+        settings = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+        with services.postgres(max_connections=max(200, sessions + 50), settings=settings) as pg:
+            pg.psql("CREATE EXTENSION pg_stat_statements")
+            postmaster = int((pg.directory / "data" / "postmaster.pid").read_text().split()[0])
+            yield pg.dsn, postmaster
     elif kind.startswith("kafka"):
         with services.kafka() as broker:
             yield broker.bootstrap_servers, broker.process.pid if broker.process else None
@@ -569,8 +581,43 @@ def served_requests(kind: str, endpoint: str | None) -> int | None:
         return int(json.loads(resp.read())["requests"])
 
 
+def postgres_server_side(dsn: str, postmaster: int) -> dict[str, float]:
+    """What the PostgreSQL server has done so far: CPU seconds of all its processes (the
+    postmaster, the live backends, and those it reaped), statements run and their execution
+    milliseconds (``pg_stat_statements``, the server's own statements left out), client backends."""
+    sys.path.insert(0, str(ROOT))
+    from scripts import services
+
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if pid == postmaster:  # its own time and that of the backends it has reaped
+            cpu += sum(int(f) for f in fields[11:15]) / tick
+        elif ppid == postmaster:
+            cpu += (int(fields[11]) + int(fields[12])) / tick
+    query = (
+        "SELECT (SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query NOT ILIKE '%pg_stat%'), "
+        "(SELECT coalesce(sum(total_exec_time), 0) FROM pg_stat_statements WHERE query NOT ILIKE '%pg_stat%'), "
+        "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') - 1"
+    )
+    out = subprocess.run(
+        [str(services.postgres_bindir() / "psql"), "-At", "-F", " ", "-d", dsn, "-c", query],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    return {"cpu_s": cpu, "statements": float(out[0]), "exec_ms": float(out[1]), "backends": float(out[2])}
+
+
 async def measure(
-    args: argparse.Namespace, flipper: subprocess.Popen[str] | None, target_ts: float | None, endpoint: str | None
+    args: argparse.Namespace,
+    flipper: subprocess.Popen[str] | None,
+    target_ts: float | None,
+    endpoint: str | None,
+    server_pid: int | None = None,
 ) -> dict:
     loop = asyncio.get_running_loop()
     lag = LagMeter()
@@ -643,8 +690,11 @@ async def measure(
     objects1 = len(gc.get_objects())
     startup["objects_per_wait"] = round((objects1 - objects0) / args.n, 1) if args.n else None
     if census0 is not None and args.n:
-        grown = object_census() - census0
+        counts1, sizes1 = object_census()
+        grown, grown_bytes = counts1 - census0[0], sizes1 - census0[1]
         startup["objects_per_wait_by_type"] = {name: round(count / args.n, 2) for name, count in grown.most_common(25)}
+        startup["bytes_per_wait_by_type"] = {name: round(size / args.n) for name, size in grown_bytes.most_common(25)}
+        startup["tracked_bytes_per_wait"] = round(sum(grown_bytes.values()) / args.n)
     lag_startup = lag.take()
     gc_meter.take()
     early = len(fired)
@@ -676,6 +726,8 @@ async def measure(
         }
     served0 = await loop.run_in_executor(None, served_requests, args.kind, endpoint)
     statements0 = statements_sent(args.kind, args.impl)
+    on_server = args.kind.startswith("postgres") and endpoint is not None and server_pid is not None
+    server0 = await loop.run_in_executor(None, postgres_server_side, endpoint, server_pid) if on_server else None
     cpu0, t0 = cpu_seconds(), time.monotonic()
     rss_samples = []
     hold_until = t0 + args.hold
@@ -686,6 +738,7 @@ async def measure(
         rss_samples.append(rss_kb())
     cpu1, t1 = cpu_seconds(), time.monotonic()
     statements1 = statements_sent(args.kind, args.impl)
+    server1 = await loop.run_in_executor(None, postgres_server_side, endpoint, server_pid) if on_server else None
     rss1 = rss_kb()
     hold = t1 - t0
     served1 = await loop.run_in_executor(None, served_requests, args.kind, endpoint)
@@ -710,6 +763,12 @@ async def measure(
     if statements0 is not None and statements1 is not None:  # Postgres: statements sent per poll round
         steady["statements_in_hold"] = statements1 - statements0
         steady["statements_per_round"] = round((statements1 - statements0) * args.poll_interval / hold, 1)
+    if server0 is not None and server1 is not None:  # the server's side of the same hold
+        rounds = hold / args.poll_interval
+        steady["server_cpu_core_pct"] = round(100 * (server1["cpu_s"] - server0["cpu_s"]) / hold, 2)
+        steady["server_statements_per_round"] = round((server1["statements"] - server0["statements"]) / rounds, 1)
+        steady["server_exec_ms_per_round"] = round((server1["exec_ms"] - server0["exec_ms"]) / rounds, 2)
+        steady["server_backends"] = int(server1["backends"])
     # The steady-state figures survive even if the flip or the events never finish.
     print(HOLD_PREFIX + json.dumps(steady), file=sys.stderr, flush=True)
 
@@ -912,7 +971,7 @@ def main(argv: list[str] | None = None) -> int:
             target_ts = time.time() + setup + max(args.warmup, args.datetime_startup) + args.hold + 0.5
         loop = asyncio.new_event_loop()
         try:
-            result = loop.run_until_complete(measure(args, flipper, target_ts, endpoint))
+            result = loop.run_until_complete(measure(args, flipper, target_ts, endpoint, server_pid))
         finally:
             sys.stdout = real_stdout
         result["server_pid"] = server_pid

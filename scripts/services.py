@@ -93,6 +93,8 @@ class Postgres:
     _as_user: list[str] = field(default_factory=list)
     #: Server sessions allowed at once (benchmarks of one-connection-per-wait triggers need many).
     max_connections: int = 200
+    #: More server settings, each passed as ``-c name=value`` (benchmarks preload pg_stat_statements).
+    settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def dsn(self) -> str:
@@ -113,6 +115,7 @@ class Postgres:
     def start(self) -> None:
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.directory} -c fsync=off"
         options += f" -c max_connections={self.max_connections}"
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._ctl("-l", str(self.directory / "pg.log"), "-w", "-t", "30", "-o", options, "start")
 
     def stop(self, mode: str = "fast") -> None:
@@ -144,7 +147,7 @@ class Postgres:
 
 
 @contextlib.contextmanager
-def postgres(max_connections: int = 200) -> Iterator[Postgres]:
+def postgres(max_connections: int = 200, settings: dict[str, str] | None = None) -> Iterator[Postgres]:
     bindir = postgres_bindir()
     as_user: list[str] = []
     directory = Path(tempfile.mkdtemp(prefix="adk-pg-"))
@@ -158,7 +161,12 @@ def postgres(max_connections: int = 200) -> Iterator[Postgres]:
         shutil.chown(directory, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
     server = Postgres(
-        directory=directory, port=free_port(), bindir=bindir, _as_user=as_user, max_connections=max_connections
+        directory=directory,
+        port=free_port(),
+        bindir=bindir,
+        _as_user=as_user,
+        max_connections=max_connections,
+        settings=dict(settings or {}),
     )
     init = subprocess.run(
         [
