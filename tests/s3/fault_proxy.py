@@ -59,6 +59,7 @@ class FaultProxy:
         self._listing_faults: list[tuple[int, str, str, dict[str, str]]] = []
         self._rules: list[Rule] = []
         self._gate: asyncio.Event | None = None
+        self._held_by: list[tuple[Callable[[web.Request], bool], asyncio.Event]] = []
         self.held = 0
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -106,6 +107,16 @@ class FaultProxy:
         self._gate = asyncio.Event()
         return self._gate
 
+    def hold_matching(self, match: Callable[[web.Request], bool]) -> asyncio.Event:
+        """Keep only the requests ``match`` accepts waiting (counted in ``held``) until the event is set.
+
+        A request that hangs on the server while every other request is answered: what a
+        stalled object, a slow storage node or a black-holed path does to one wait among many.
+        """
+        gate = asyncio.Event()
+        self._held_by.append((match, gate))
+        return gate
+
     def count(self, method: str | None = None, *, injected: bool | None = None) -> int:
         return sum(
             1
@@ -143,6 +154,10 @@ class FaultProxy:
         if self._gate is not None and not self._gate.is_set():
             self.held += 1
             await self._gate.wait()
+        for match, gate in self._held_by:
+            if not gate.is_set() and match(request):
+                self.held += 1
+                await gate.wait()
         arrived = time.monotonic()
         listing = is_listing(request)
         faults = self._listing_faults if listing and self._listing_faults else self._faults

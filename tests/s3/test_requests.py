@@ -202,3 +202,48 @@ async def test_a_request_is_signed_only_when_a_pool_connection_is_free(
         await poller.close()
     assert signed == 40
     assert [i for i, found in enumerate(answers) if found is not None] == [7]
+
+
+async def test_a_request_hanging_on_the_server_holds_one_connection_and_no_other_poll(
+    admin: Any, bucket: str, proxy: FaultProxy
+) -> None:
+    """The poisoned member of the shared pool: one key's HEAD hangs on the server.
+
+    It holds one of the pool's connections (a signing slot) until the client's read timeout, as
+    it would on botocore's own path; the other polls of the connection share the rest and all
+    answer while it hangs. Once it times out its slot serves the others again.
+    """
+    await admin.put_object(Bucket=bucket, Key="many/7.csv", Body=b"a")
+    config = {"max_pool_connections": 2, "read_timeout": 3, "retries": {"max_attempts": 1, "mode": "standard"}}
+    settings = dataclasses.replace(admin_settings(proxy.url), config_json=json.dumps(config))
+    poller = S3Poller(await open_client(settings))
+    try:
+        await poller.head_object(bucket, "many/warm.csv")  # the route, resolved once
+        stalled = proxy.hold_matching(lambda request: request.path.endswith("/hung.csv"))
+        hung = asyncio.create_task(poller.head_object(bucket, "many/hung.csv"))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if proxy.held == 1:
+                break
+        assert proxy.held == 1
+        answers = await asyncio.gather(*(poller.head_object(bucket, f"many/{i}.csv") for i in range(40)))
+        assert [i for i, found in enumerate(answers) if found is not None] == [7]
+        assert not hung.done()  # every healthy poll answered while it hangs
+        with pytest.raises(Exception) as raised:
+            await hung
+        assert type(raised.value).__name__ == "ReadTimeoutError", raised.value
+        stalled.set()
+        assert await poller.head_object(bucket, "many/hung.csv") is None  # the key itself answers again
+        # Its slot is free again: with the server stalled for everyone, two requests are in flight.
+        gate = proxy.hold_requests()
+        polls = [asyncio.create_task(poller.head_object(bucket, f"many/{i}.csv")) for i in range(5)]
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if proxy.held == 3:
+                break
+        await asyncio.sleep(0.2)  # anything more that would be sent, is
+        assert proxy.held == 1 + 2
+        gate.set()
+        assert [found is not None for found in await asyncio.gather(*polls)] == [False] * 5
+    finally:
+        await poller.close()
