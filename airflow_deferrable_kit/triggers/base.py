@@ -126,15 +126,24 @@ class _Pacer:
             self._due.append(ticket)
             self._schedule_turn()
         else:
-            slot = _slot(self._loop.time() + seconds, seconds)
-            ticket = self._loop.create_future()
-            sleepers = self._slots.get(slot)
-            if sleepers is None:
-                sleepers = self._slots[slot] = []
-                self._loop.call_at(slot * WAKE_RESOLUTION, self._slot_due, slot)
-            sleepers.append(ticket)
+            ticket = self.alarm(seconds)
         await ticket  # a cancelled ticket is skipped when its turn comes
         self._woken_this_turn.add(asyncio.current_task())
+
+    def alarm(self, seconds: float) -> asyncio.Future[None]:
+        """A future resolved at a paced turn at least ``seconds`` from now, on a shared timer.
+
+        For a sleep that something else may end first: resolve (or cancel) the future early and
+        its turn is skipped when the slot comes; the slot's timer is shared, never cancelled.
+        """
+        slot = _slot(self._loop.time() + seconds, seconds)
+        ticket = self._loop.create_future()
+        sleepers = self._slots.get(slot)
+        if sleepers is None:
+            sleepers = self._slots[slot] = []
+            self._loop.call_at(slot * WAKE_RESOLUTION, self._slot_due, slot)
+        sleepers.append(ticket)
+        return ticket
 
     def _slot_due(self, slot: int) -> None:
         self.wake(self._slots.pop(slot))
@@ -183,6 +192,16 @@ _event_gates: PerLoop[asyncio.Semaphore] = PerLoop(lambda: asyncio.Semaphore(EVE
 
 def _pacer() -> _Pacer:
     return _pacers.get()
+
+
+def paced_alarm(seconds: float) -> asyncio.Future[None]:
+    """A future resolved at least ``seconds`` from now, in a paced turn, sharing its timer.
+
+    What an interruptible sleep of a wait needs (resolve the future early to end it): ten
+    thousand waits sleeping a poll interval hold a few hundred shared timers between them, not
+    one timer (and a copied context) each, and wake a batch per loop iteration.
+    """
+    return _pacer().alarm(seconds)
 
 
 class Clock:
@@ -282,6 +301,7 @@ class PollingTrigger(BaseTrigger):
     #: :func:`_reported_from_run`): the wait ends with this error, a watcher retries. Typed by a
     #: comment, not an annotation, so that it is no dataclass field (no trigger kwarg).
     _unbuilt = None  # type: FatalError | None
+    _deadline_guard = None  # type: _DeadlineGuard | None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -484,6 +504,8 @@ class PollingTrigger(BaseTrigger):
         try:
             payload = await self.wait()
         finally:
+            if self._deadline_guard is not None:
+                self._deadline_guard.close()  # its timer would keep this trigger alive until the deadline
             await self.release()
         self._metrics.event(payload["status"], self.clock.time() - started)
         event = self.to_event(payload)
@@ -580,19 +602,27 @@ class PollingTrigger(BaseTrigger):
         await _pacer().sleep(0)  # a turn: waits woken together check a few per loop iteration
         if left is None:
             return await self.check()
-        if sys.version_info < (3, 11):  # no asyncio.timeout: the check in a task of its own
+        if sys.version_info < (3, 11):  # no Task.uncancel: the check in a task of its own
             return await _check_in_task(self.check(), left)
-        # One timer handle, in this task: no task and no wait() per poll (a wait's deadline is
-        # usually days away, and a thousand waits poll every few seconds). A check that runs past
-        # the deadline is cancelled in place, so it has unwound before run() releases clients.
-        limit = asyncio.timeout(left)
+        # One timer for the wait's life, in this task: no task, no wait() and no timer per poll
+        # (a wait's deadline is usually days away, and ten thousand waits poll every few
+        # seconds). A check that runs past the deadline is cancelled in place, so it has unwound
+        # before run() releases clients.
+        guard = self._deadline_guard
+        if guard is None:
+            guard = self._deadline_guard = _DeadlineGuard(self.seconds_left)
+        cancelling = guard.enter(left)
         try:
-            async with limit:
-                return await self.check()
-        except TimeoutError:
-            if limit.expired():
+            outcome = await self.check()
+        except asyncio.CancelledError:
+            if guard.leave(cancelling):
                 return _DEADLINE
-            raise  # the check's own timeout: an error like any other
+            raise
+        except BaseException:
+            guard.leave(cancelling)
+            raise
+        guard.leave(cancelling)  # a check that swallowed the guard's cancel still gets its result through
+        return outcome
 
     def phase(self, delay: float) -> float:
         """The first healthy delay, shortened by a random part of one poll interval.
@@ -673,6 +703,71 @@ class PollingTrigger(BaseTrigger):
 
 
 _DEADLINE = object()
+
+#: How far the loop's clock may run from the wall clock before a wait's deadline timer is set
+#: again (a clock step, a suspended VM, a test's clock). Deadlines are in wall-clock time.
+DEADLINE_DRIFT_SECONDS: Final = 1.0
+
+
+class _DeadlineGuard:
+    """The deadline of one wait's checks: one timer for the wait's life, not one per check.
+
+    ``asyncio.timeout`` around every check costs a timer handle and a copied context per poll,
+    and the cancelled handle of a deadline days away stays in the loop's heap until the heap is
+    rebuilt: at 10,000 waits that was two to three timers alive per wait, the largest part of
+    what a waiting Kafka wait kept beyond Airflow's own objects. The guard sets one timer at the
+    deadline and sets it again only when the loop's clock and the wall clock disagree by more
+    than :data:`DEADLINE_DRIFT_SECONDS`. When it fires during a check it cancels the wait's task
+    there, as ``asyncio.timeout`` would, and the check is abandoned; outside a check it does
+    nothing (the sleep between polls already ends at the deadline). It never fires early: a timer
+    that comes due before the wall clock's deadline is set again for what is left.
+    """
+
+    __slots__ = ("_cancelled", "_handle", "_left", "_task")
+
+    def __init__(self, left: Callable[[], float | None]) -> None:
+        self._left = left
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None  # set while a check runs
+        self._cancelled = False  # the guard cancelled the running check
+
+    def enter(self, left: float) -> int:
+        """A check starts with ``left`` seconds to the deadline; returns the task's cancel count."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + left
+        handle = self._handle
+        if handle is None or handle.cancelled() or abs(handle.when() - when) > DEADLINE_DRIFT_SECONDS:
+            if handle is not None:
+                handle.cancel()
+            self._handle = loop.call_at(when, self._due)
+        task = asyncio.current_task()
+        assert task is not None
+        self._task, self._cancelled = task, False
+        return task.cancelling()
+
+    def leave(self, cancelling: int) -> bool:
+        """The check ended; True if it ended because the guard cancelled it (and nothing else did)."""
+        task, self._task = self._task, None
+        if not self._cancelled or task is None:
+            return False
+        self._cancelled = False
+        return task.uncancel() <= cancelling
+
+    def _due(self) -> None:
+        left = self._left()
+        if left is not None and left > 0:  # the loop's clock ran ahead of the wall clock
+            self._handle = asyncio.get_running_loop().call_later(left, self._due)
+            return
+        self._handle = None  # spent: the next check (if any) sets a new one
+        if self._task is not None and not self._cancelled:
+            self._cancelled = True
+            self._task.cancel()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
 
 #: Names ``BaseTrigger`` sets or uses on every instance (``__init__`` resets some of them).
 _BASE_TRIGGER_ATTRIBUTES = frozenset(

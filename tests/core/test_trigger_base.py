@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
+import gc
 import json
 import time
+import weakref
 
 import pytest
 from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
@@ -178,6 +180,53 @@ async def test_a_check_in_flight_at_the_deadline_is_abandoned() -> None:
     trigger = scripted("hang", "hang", deadline=deadline_after(0.2))
     payload = await run_trigger_payload(trigger, timeout=10)
     assert payload["status"] == "timeout"
+
+
+async def test_a_hanging_check_is_abandoned_after_healthy_polls_and_outside_cancels_still_cancel() -> None:
+    """The deadline's one timer outlives healthy checks and cuts the one that hangs; a cancel
+    from outside (the triggerer stopping the wait) is never taken for the deadline."""
+    trigger = scripted("late-hang", "none", "none", "none", "hang", poll_interval=0.01, deadline=deadline_after(0.5))
+    payload = await run_trigger_payload(trigger, timeout=10)
+    assert payload["status"] == "timeout"
+    assert CHECKS["late-hang"] == 4
+
+    stopped = scripted("stopped", "hang", deadline=deadline_after(3600))
+    task = asyncio.ensure_future(run_trigger_payload(stopped, timeout=10))
+    for _ in range(1000):
+        await asyncio.sleep(0.01)
+        if CHECKS.get("stopped", 0):
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_far_deadline_costs_one_timer_for_the_wait_not_one_per_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten thousand waits poll every few seconds against deadlines days away: a timer per poll
+    (and its cancelled handle left in the loop's heap) was kept per wait; one is enough."""
+    loop = asyncio.get_running_loop()
+    far: list[float] = []
+    real_call_at = loop.call_at
+
+    def counting(when: float, *args: object, **kwargs: object) -> asyncio.TimerHandle:
+        if when > loop.time() + 1000:
+            far.append(when)
+        return real_call_at(when, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    trigger = scripted("many-polls", *["none"] * 30, "found", poll_interval=0.001, deadline=deadline_after(86400))
+    payload = await run_trigger_payload(trigger, timeout=30)
+    assert payload["status"] == "success" and CHECKS["many-polls"] == 31
+    assert len(far) == 1
+
+
+async def test_a_finished_wait_is_not_kept_alive_by_its_deadline() -> None:
+    trigger = scripted("done-early", "none", "found", poll_interval=0.001, deadline=deadline_after(86400))
+    assert (await run_trigger_payload(trigger))["status"] == "success"
+    alive = weakref.ref(trigger)
+    del trigger
+    gc.collect()
+    assert alive() is None
 
 
 async def test_transient_errors_back_off_exponentially_with_full_jitter_then_reset() -> None:
