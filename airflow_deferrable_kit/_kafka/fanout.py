@@ -74,11 +74,23 @@ class _Wake:
     def is_set(self) -> bool:
         return self._set
 
-    async def wait(self, timeout: float) -> bool:
-        """Sleep until set or until ``timeout`` seconds pass; True if it was set."""
+    async def wait(self, timeout: float, alarm: Callable[[float], asyncio.Future[None]] | None = None) -> bool:
+        """Sleep until set or until ``timeout`` seconds pass; True if it was set.
+
+        ``alarm(timeout)``, when given, makes the future to sleep on: one resolved when the time
+        is up, on a timer shared with other sleepers (the trigger's paced alarm), which
+        :meth:`set` resolves early. Without it the sleep has a timer of its own.
+        """
         if self._set:
             return True
         loop = asyncio.get_running_loop()
+        if alarm is not None:
+            sleeper = self._sleeper = alarm(timeout)
+            try:
+                await sleeper
+            finally:
+                self._sleeper = None
+            return self._set
         sleeper = self._sleeper = loop.create_future()
         timer = loop.call_later(timeout, _resolve, sleeper)
         try:

@@ -46,7 +46,7 @@ from airflow_deferrable_kit._kafka.client import (
     quiet_aiokafka,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka.fanout import TopicReader, Waiter
+from airflow_deferrable_kit._kafka.fanout import Waiter
 from airflow_deferrable_kit._kafka.gate import ConnectGates, gates_for
 from airflow_deferrable_kit._kafka.messages import (
     FAILURE,
@@ -66,7 +66,7 @@ from airflow_deferrable_kit._moments import to_epoch_ms
 from airflow_deferrable_kit.conditions import ConditionSet, Decision, capped_decision, import_predicate, settle
 from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError
 from airflow_deferrable_kit.payload import Found
-from airflow_deferrable_kit.triggers.base import PollingTrigger
+from airflow_deferrable_kit.triggers.base import PollingTrigger, paced_alarm
 
 START_FROM: Final = ("timestamp", "earliest", "committed")
 VALUE_FORMATS: Final = ("json", "text", "bytes")
@@ -126,10 +126,9 @@ class KafkaMessageTrigger(PollingTrigger):
         super().__post_init__()
         self._waiter: Waiter | None = None
         self._pending_topics: list[str] = []
-        #: Consumers of its own, for catching up when its predicate fell behind the shared reader.
-        self._own_pace = OwnPace(self.kafka_conn_id)
-        #: The topic readers this wait joined (each left once when it ends).
-        self._joined: dict[str, TopicReader] = {}
+        #: Consumers of its own, for catching up when its predicate fell behind the shared reader
+        #: (made when that first happens: most waits never need them).
+        self._own_pace_consumers: OwnPace | None = None
         self._scanning = False
         self._phased = False
         self._resume: dict[tuple[str, int], int] = {}
@@ -320,7 +319,7 @@ class KafkaMessageTrigger(PollingTrigger):
                     return found
                 continue
             remaining = budget - asyncio.get_running_loop().time()
-            if remaining <= 0 or not await waiter.wake.wait(remaining):
+            if remaining <= 0 or not await waiter.wake.wait(remaining, paced_alarm):
                 return None
 
     def next_poll_delay(self) -> float:
@@ -348,9 +347,9 @@ class KafkaMessageTrigger(PollingTrigger):
             ConnectionReader.close_reader,
         )
         self._hold_cap(connection.gates)
-        for topic in topics:
-            if topic not in self._joined:
-                self._joined[topic] = waiter.readers[topic] = connection.join(topic)
+        for topic in topics:  # the topic readers this wait joined: each is left once when it ends
+            if topic not in waiter.readers:
+                waiter.readers[topic] = connection.join(topic)
         while topics:
             await self._start(topics[0])
             topics.pop(0)
@@ -358,7 +357,7 @@ class KafkaMessageTrigger(PollingTrigger):
     async def _start(self, topic: str) -> None:
         waiter = self._waiter
         assert waiter is not None
-        reader = self._joined[topic]
+        reader = waiter.readers[topic]
         await reader.resolved.wait()
         if reader.fatal is not None:
             raise reader.fatal
@@ -378,6 +377,12 @@ class KafkaMessageTrigger(PollingTrigger):
                 waiter.cursor.setdefault(tp, offset)
         if not waiter.try_attach(topic):
             self.log.info("Catching up on %s from %s", topic, {tp.partition: o for tp, o in waiter.cursor.items()})
+
+    @property
+    def _own_pace(self) -> OwnPace:
+        if self._own_pace_consumers is None:
+            self._own_pace_consumers = OwnPace(self.kafka_conn_id)
+        return self._own_pace_consumers
 
     def _hold_cap(self, gates: ConnectGates) -> None:
         """Cap the connection's reconnect backoff at this wait's ``max_backoff`` while it waits."""
@@ -541,10 +546,11 @@ class KafkaMessageTrigger(PollingTrigger):
                 waiter.detach(topic)
             for reader in waiter.readers.values():
                 reader.forget(waiter)
-        joined, self._joined = self._joined, {}
-        for reader in joined.values():
-            reader.connection.leave(reader)
-        await self._own_pace.close_all()
+            joined, waiter.readers = waiter.readers, {}
+            for reader in joined.values():
+                reader.connection.leave(reader)
+        if self._own_pace_consumers is not None:
+            await self._own_pace_consumers.close_all()
         self._drop_cap()
         await super().release()
 
