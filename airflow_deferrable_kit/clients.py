@@ -112,6 +112,8 @@ def held_keys() -> dict[Hashable, int]:
 class Leases:
     """The leases one trigger holds, so its cleanup releases exactly those."""
 
+    __slots__ = ("_held",)
+
     def __init__(self) -> None:
         self._held: dict[Hashable, Any] = {}
 

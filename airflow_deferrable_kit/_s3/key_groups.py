@@ -81,15 +81,18 @@ def prefixes_of(key: str) -> tuple[str, ...]:
     return tuple(prefixes)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class KeyGroup:
-    """The exact keys counted in one bucket prefix, and how their polls are answered."""
+    """The exact keys counted in one bucket prefix, and how their polls are answered.
+
+    Keys alone in their folder (``own-7/data.csv``) each have a group of their own that never
+    lists, so a group is kept small: slots, and one dict for everything known per key.
+    """
 
     prefix: str
-    #: key -> (its poll interval, loop time of its last poll)
-    polled: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
-    #: keys a HEAD answered (404, or an object): the credentials may read them, so a listing may answer them
-    headed: set[str] = dataclasses.field(default_factory=set)
+    #: key -> (its poll interval, loop time of its last poll, whether a HEAD of it answered: 404
+    #: or an object, so the credentials may read it and a listing may answer it)
+    polled: dict[str, tuple[float, float, bool]] = dataclasses.field(default_factory=dict)
     rate: float = 0.0  # expected polls per second: the sum of 1 / interval over ``polled``
     pages: int = 1  # pages of the last complete listing (one until there is one)
     swept_at: float = -math.inf
@@ -106,14 +109,13 @@ class KeyGroup:
             self.rate += 1.0 / interval
         elif previous[0] != interval:
             self.rate += 1.0 / interval - 1.0 / previous[0]
-        self.polled[key] = (interval, now)
+        self.polled[key] = (interval, now, previous is not None and previous[2])
         self.last_poll = now
         self.longest_interval = max(self.longest_interval, interval)
         if now - self.swept_at >= interval:
             self.swept_at = now
-            for stale in [k for k, (every, last) in self.polled.items() if now - last > _STALE_INTERVALS * every]:
+            for stale in [k for k, (every, last, _) in self.polled.items() if now - last > _STALE_INTERVALS * every]:
                 self.rate -= 1.0 / self.polled.pop(stale)[0]
-                self.headed.discard(stale)
             if not self.polled:
                 self.rate = 0.0
 
@@ -141,7 +143,14 @@ class KeyGroup:
 
     def may_list(self, key: str) -> bool:
         """Whether a listing may answer ``key``: a HEAD of it answered (see the module docstring)."""
-        return key in self.headed
+        entry = self.polled.get(key)
+        return entry is not None and entry[2]
+
+    def headed(self, key: str) -> None:
+        """A HEAD of ``key`` answered (a key no longer counted here is counted again at its next poll)."""
+        entry = self.polled.get(key)
+        if entry is not None and not entry[2]:
+            self.polled[key] = (entry[0], entry[1], True)
 
     def listed(self, pages: int) -> None:
         """A complete listing took ``pages`` pages: the next decisions weigh that many."""
@@ -168,7 +177,7 @@ class Route:
     def headed(self, key: str) -> None:
         """A HEAD of ``key`` answered: the listings of the groups it is counted in may answer it."""
         for group in self.counted:
-            group.headed.add(key)
+            group.headed(key)
 
 
 class KeyGroups:

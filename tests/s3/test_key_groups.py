@@ -163,7 +163,7 @@ async def test_a_throttled_listing_is_the_transient_error_a_throttled_head_is(
         now = asyncio.get_running_loop().time()
         for i in range(N):  # N waits on the folder have polled, and HEAD said 404 for each key
             group.note_poll(key(i), INTERVAL, now)
-            group.headed.add(key(i))
+            group.headed(key(i))
         proxy.fail_next(1, status=503, code="SlowDown", listings_only=True)
         with pytest.raises(TransientError) as throttled:
             await poller.find_object(bucket, key(0), poll_interval=INTERVAL)
