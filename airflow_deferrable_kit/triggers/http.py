@@ -118,6 +118,20 @@ class HttpBatchReadyTrigger(PollingTrigger):
         ``response_check``); see :func:`response_for_event` for when the body is left out.
     """
 
+    __slots__ = (
+        "_acceptors",
+        "_conditions",
+        "_hold_off",
+        "_last",
+        "_seen",
+        "_select_paths",
+        "_status_conditions",
+        "_target",
+        "_unreadable_bodies",
+        "keep_last_response",
+        "last_response",
+    )  # its state: see PollingTrigger.__slots__
+
     http_conn_id: str = "http_default"
     endpoint: str = ""
     method: str = "GET"

@@ -105,6 +105,19 @@ class KafkaMessageTrigger(PollingTrigger):
     :param wait_for_topic: wait for a topic that does not exist yet instead of failing.
     """
 
+    __slots__ = (
+        "_capped",
+        "_conditions",
+        "_own_pace_consumers",
+        "_pending_topics",
+        "_phased",
+        "_resume",
+        "_scanning",
+        "_spec",
+        "_waiter",
+        "scan_cursor",
+    )  # its state: see PollingTrigger.__slots__
+
     topics: list[str]
     kafka_conn_id: str = "kafka_default"
     acceptors: list[dict[str, Any]] = dataclasses.field(default_factory=list)

@@ -261,6 +261,16 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
     :param statement_timeout: seconds a poll may wait for a pooled connection and for its query.
     """
 
+    __slots__ = (
+        "_args",
+        "_batches",
+        "_batching",
+        "_bound",
+        "_conditions",
+        "_labels",
+        "_sql",
+    )  # its state: see PollingTrigger.__slots__
+
     postgres_conn_id: str = "postgres_default"
     table: str | None = None
     match: dict[str, Any] = field(default_factory=dict)

@@ -208,6 +208,14 @@ class S3KeyTrigger(PollingTrigger):
         chain. Only the id is stored in the trigger; credentials are read in the triggerer.
     """
 
+    __slots__ = (
+        "_buckets_seen",
+        "_first_missing",
+        "_patterns",
+        "_settings",
+        "_targets",
+    )  # its state: see PollingTrigger.__slots__
+
     bucket_key: str | list[str]
     bucket_name: str | None = None
     wildcard_match: bool = False
@@ -222,7 +230,7 @@ class S3KeyTrigger(PollingTrigger):
         self._patterns: list[KeyPattern] = []  # the targets compiled, with wildcard_match
         self._settings: S3Settings | None = None  # the connection, read once per run
         self._first_missing = 0  # index of the key that was missing at the last poll
-        self._buckets_seen: set[str] = set()  # buckets known to exist
+        self._buckets_seen: tuple[str, ...] = ()  # buckets known to exist (usually one: a tuple is the smallest)
         super().__post_init__()
 
     def validate(self) -> None:
@@ -311,7 +319,7 @@ class S3KeyTrigger(PollingTrigger):
             if exc.error_type != "access_denied":
                 raise
             # Allowed to read objects but not to HEAD the bucket: existence cannot be checked.
-        self._buckets_seen.add(bucket)
+        self._buckets_seen += (bucket,)
 
     async def _check_patterns(self, client: S3Poller) -> Found | None:
         # A listing of the same prefix that another wait started moments ago answers this poll too.

@@ -75,6 +75,17 @@ class S3KeysUnchangedTrigger(PollingTrigger):
         cannot be ruled out, so the clock restarts at that listing (later, never early).
     """
 
+    __slots__ = (
+        "_changed_at",
+        "_count",
+        "_fingerprint",
+        "_handed_over",
+        "_keys",
+        "_listing_id",
+        "_observed_at",
+        "_settings",
+    )  # its state: see PollingTrigger.__slots__
+
     bucket_name: str
     prefix: str
     inactivity_period: float = 3600.0

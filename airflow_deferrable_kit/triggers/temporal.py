@@ -28,6 +28,8 @@ class DateTimeTrigger(PollingTrigger):
     longer than ``poll_interval`` and checks the clock after each.
     """
 
+    __slots__ = ("_target_iso", "_target_ts")  # its state: see PollingTrigger.__slots__
+
     target_time: str
     poll_interval: float = 60.0
 
@@ -91,6 +93,8 @@ class RunMomentTrigger(DateTimeTrigger):
         name (``delta``, ``time_to_wait``), for Airflow to render.
     :param target_time: for ``time_on_run_date``, the time of day (``"18:30:00"``, templated).
     """
+
+    __slots__ = ("_span",)  # its state: see PollingTrigger.__slots__
 
     target_time: str = ""
     rule: str
