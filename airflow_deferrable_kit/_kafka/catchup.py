@@ -65,7 +65,7 @@ class CatchUps:
         running = reader.catching_up
         if running is not None and waiter.join(running):
             return
-        waiter.behind.discard(reader.topic)
+        waiter.caught_up(reader.topic)
         reader.late[waiter] = None
         self._arrived.set()
         if self._task is None:

@@ -53,15 +53,17 @@ class _Wake:
     """What a waiter sleeps on: an ``asyncio.Event`` with a timeout, without a task per sleep.
 
     ``asyncio.wait_for(event.wait(), t)`` starts a task each time; ten thousand waits sleeping a
-    poll interval at a time would start thousands a second. This costs a future and a timer.
-    Only the waiter's own task sleeps on it.
+    poll interval at a time would start thousands a second. :meth:`wait` costs a future and a
+    timer; :meth:`wait_until` only a future, the time being up told by an alarm the caller
+    shares between its sleeps. Only the waiter's own task sleeps on it.
     """
 
-    __slots__ = ("_set", "_sleeper")
+    __slots__ = ("_alarm", "_set", "_sleeper")
 
     def __init__(self) -> None:
         self._set = False
         self._sleeper: asyncio.Future[None] | None = None
+        self._alarm: asyncio.Future[None] | None = None
 
     def set(self) -> None:
         self._set = True
@@ -74,23 +76,11 @@ class _Wake:
     def is_set(self) -> bool:
         return self._set
 
-    async def wait(self, timeout: float, alarm: Callable[[float], asyncio.Future[None]] | None = None) -> bool:
-        """Sleep until set or until ``timeout`` seconds pass; True if it was set.
-
-        ``alarm(timeout)``, when given, makes the future to sleep on: one resolved when the time
-        is up, on a timer shared with other sleepers (the trigger's paced alarm), which
-        :meth:`set` resolves early. Without it the sleep has a timer of its own.
-        """
+    async def wait(self, timeout: float) -> bool:
+        """Sleep until set or until ``timeout`` seconds pass; True if it was set."""
         if self._set:
             return True
         loop = asyncio.get_running_loop()
-        if alarm is not None:
-            sleeper = self._sleeper = alarm(timeout)
-            try:
-                await sleeper
-            finally:
-                self._sleeper = None
-            return self._set
         sleeper = self._sleeper = loop.create_future()
         timer = loop.call_later(timeout, _resolve, sleeper)
         try:
@@ -100,6 +90,37 @@ class _Wake:
             self._sleeper = None
         return self._set
 
+    async def wait_until(self, alarm: asyncio.Future[None]) -> bool:
+        """Sleep until set or until ``alarm`` is done; True if it was set.
+
+        One alarm serves every sleep of one span (a Kafka check's poll interval, on the
+        triggerer's shared paced timers), however often messages wake the waiter within it: it
+        rings once, and no timer is made or cancelled per sleep.
+        """
+        if self._set:
+            return True
+        if alarm.done():
+            return False
+        if self._alarm is not alarm:
+            self._alarm = alarm
+            alarm.add_done_callback(self._rang)
+        sleeper = self._sleeper = asyncio.get_running_loop().create_future()
+        try:
+            await sleeper
+        finally:
+            self._sleeper = None
+        return self._set
+
+    def _rang(self, alarm: asyncio.Future[None]) -> None:
+        if alarm is self._alarm:
+            self._alarm = None
+            if self._sleeper is not None and not self._sleeper.done():
+                self._sleeper.set_result(None)
+
+
+#: The set of every waiter that has put nothing in one yet (``ts_filter``, ``behind``): each is
+#: made on its first add (an empty set is 216 bytes, and most waiters never need these two).
+_NOTHING: Final[frozenset[Any]] = frozenset()
 
 #: The queue of every waiter that has held nothing yet. ``maxlen=0``: it can never hold anything,
 #: and every append goes through :meth:`Waiter.enqueue`, which gives the waiter its own first.
@@ -145,7 +166,7 @@ class Waiter:
         self.start_from = start_from
         self.start_after_ms = start_after_ms
         self.cursor: dict[TopicPartition, int] = {}
-        self.ts_filter: set[TopicPartition] = set()
+        self.ts_filter: set[TopicPartition] | frozenset[TopicPartition] = _NOTHING
         #: What was handed to it and not yet settled. Most waiters never hold anything, so they
         #: share one empty, bounded-to-nothing deque until the first :meth:`enqueue` (760 bytes each).
         self.queue: collections.deque[tuple[KafkaMessage, str, Decision | None]] = _NOTHING_QUEUED
@@ -157,12 +178,36 @@ class Waiter:
         #: Per partition, the fan-out's counts when it reached this waiter's cursor (None: not yet).
         self.marks: dict[TopicPartition, tuple[int, ...] | None] = {}
         #: Topics where it is behind its reader and has to catch up before it can join it.
-        self.behind: set[str] = set()
+        self.behind: set[str] | frozenset[str] = _NOTHING
         #: Set once its predicate could not keep up: from then on it catches up at its own pace.
         self.own_pace = False
         self.finished = False
-        self.counts: collections.Counter[str] = collections.Counter()
+        #: What it counted itself (made on the first count; see :meth:`stats`).
+        self.counts: collections.Counter[str] | None = None
         self.index_keys = spec.index_keys()
+
+    def filter_by_time(self, tp: TopicPartition) -> None:
+        """Keep only messages stamped at or after the start in ``tp`` (a partition it did not resolve)."""
+        if not isinstance(self.ts_filter, set):
+            self.ts_filter = set()
+        self.ts_filter.add(tp)
+
+    def note_behind(self, topic: str) -> None:
+        """It has to catch up on ``topic`` before it can join the topic's reader."""
+        if not isinstance(self.behind, set):
+            self.behind = set()
+        self.behind.add(topic)
+
+    def caught_up(self, topic: str) -> None:
+        if isinstance(self.behind, set):
+            self.behind.discard(topic)
+
+    def tally(self, counted: Mapping[str, int]) -> None:
+        """Add ``counted`` to what it counted itself."""
+        if counted:
+            if self.counts is None:
+                self.counts = collections.Counter()
+            self.counts.update(counted)
 
     def enqueue(self, item: tuple[KafkaMessage, str, Decision | None], size: int) -> None:
         """Queue ``item`` for the waiter's task (its own deque made on the first one)."""
@@ -178,7 +223,7 @@ class Waiter:
         if cursor is not None and message.offset < cursor:
             return False
         if cursor is None and self.start_from != "earliest":
-            self.ts_filter.add(tp)
+            self.filter_by_time(tp)
         self.cursor[tp] = message.offset + 1
         if tp in self.ts_filter and self.start_after_ms is not None:
             # A partition this waiter did not resolve: keep what was stamped at or after the start.
@@ -191,7 +236,7 @@ class Waiter:
         if cursor is None:
             cursor = self.cursor[tp] = feed.origins.get(tp, 0)
             if self.start_from != "earliest":
-                self.ts_filter.add(tp)
+                self.filter_by_time(tp)
         return cursor
 
     # --------------------------------------------------------------- from a feed
@@ -228,12 +273,12 @@ class Waiter:
             if other == tp:
                 continue
             if other not in self.cursor and self.start_from != "earliest":
-                self.ts_filter.add(other)
+                self.filter_by_time(other)
             self.cursor[other] = max(self.cursor.get(other, position), position)
         self.cursor[tp] = offset
-        self.behind.add(feed.topic)
+        self.note_behind(feed.topic)
         self.own_pace = True
-        self.counts["fell_behind"] += 1
+        self.tally({"fell_behind": 1})
         self.wake.set()
 
     # ---------------------------------------------------------------- attachment
@@ -242,14 +287,14 @@ class Waiter:
         if not feed.attach(self):
             return False
         self.attached[feed.topic] = feed
-        self.behind.discard(feed.topic)
+        self.caught_up(feed.topic)
         return True
 
     def try_attach(self, topic: str) -> bool:
         """Join the topic's shared reader, or note that this waiter has to catch up first."""
         if self.join(self.readers[topic]):
             return True
-        self.behind.add(topic)
+        self.note_behind(topic)
         return False
 
     def detach(self, topic: str) -> None:
@@ -257,7 +302,7 @@ class Waiter:
         if feed is None:
             return
         feed.detach(self)
-        self.counts.update(self._counted_by(feed))
+        self.tally(self._counted_by(feed))
         for tp in [tp for tp in self.marks if tp.topic == topic]:
             del self.marks[tp]
 
@@ -272,7 +317,7 @@ class Waiter:
 
     def stats(self) -> dict[str, Any]:
         """How much this wait looked at: messages examined and skipped (by reason)."""
-        counts = collections.Counter(self.counts)
+        counts = collections.Counter(self.counts or ())
         for feed in self.attached.values():
             counts.update(self._counted_by(feed))
         skipped = {name: counts.get(name, 0) for name in (*PROBLEMS, "predicate_error")}
@@ -280,10 +325,8 @@ class Waiter:
 
     def count(self, message: KafkaMessage) -> str | None:
         """Count a message this waiter read itself; return its problem, if any."""
-        self.counts["examined"] += 1
         problem = message.problem(self.spec.value_format)
-        if problem is not None:
-            self.counts[problem] += 1
+        self.tally({"examined": 1} if problem is None else {"examined": 1, problem: 1})
         return problem
 
 
@@ -326,10 +369,14 @@ async def hand_out(batch: Mapping[TopicPartition, list[Any]], feed_for: Callable
 
 
 class _Group:
-    """The waiters of one value format on a fan-out, indexed by the values they compare."""
+    """The waiters of one value format on a fan-out, indexed by the values they compare.
+
+    A value most often has one waiter (each wait looks for its own id): its bucket is then that
+    waiter itself, and becomes a set when a second one joins (an empty set is 216 bytes).
+    """
 
     def __init__(self) -> None:
-        self.index: dict[tuple[Point, tuple[str, Any]], set[Waiter]] = collections.defaultdict(set)
+        self.index: dict[tuple[Point, tuple[str, Any]], Waiter | set[Waiter]] = {}
         self.points: collections.Counter[Point] = collections.Counter()
         self.scan_all: set[Waiter] = set()
         self.size = 0
@@ -340,9 +387,17 @@ class _Group:
             self.scan_all.add(waiter)
             return
         for point, value in waiter.index_keys:
-            if waiter not in self.index[(point, value)]:
-                self.index[(point, value)].add(waiter)
-                self.points[point] += 1
+            key = (point, value)
+            bucket = self.index.get(key)
+            if bucket is None:
+                self.index[key] = waiter
+            elif bucket is waiter or (isinstance(bucket, set) and waiter in bucket):
+                continue
+            elif isinstance(bucket, set):
+                bucket.add(waiter)
+            else:
+                self.index[key] = {bucket, waiter}
+            self.points[point] += 1
 
     def remove(self, waiter: Waiter) -> None:
         self.size -= 1
@@ -350,14 +405,19 @@ class _Group:
             self.scan_all.discard(waiter)
             return
         for point, value in waiter.index_keys:
-            bucket = self.index.get((point, value))
-            if bucket is not None and waiter in bucket:
+            key = (point, value)
+            bucket = self.index.get(key)
+            if bucket is waiter:
+                del self.index[key]
+            elif isinstance(bucket, set) and waiter in bucket:
                 bucket.discard(waiter)
-                if not bucket:
-                    del self.index[(point, value)]
-                self.points[point] -= 1
-                if self.points[point] <= 0:
-                    del self.points[point]
+                if len(bucket) == 1:
+                    self.index[key] = next(iter(bucket))
+            else:
+                continue
+            self.points[point] -= 1
+            if self.points[point] <= 0:
+                del self.points[point]
 
     def candidates(self, message: KafkaMessage, value_format: str) -> list[Waiter]:
         found: set[Waiter] = set(self.scan_all)
@@ -366,14 +426,21 @@ class _Group:
             canonical = canonical_value(value) if value is not MISSING else None
             if canonical is not None:
                 bucket = self.index.get((point, canonical))
-                if bucket:
+                if bucket is None:
+                    continue
+                if isinstance(bucket, set):
                     found.update(bucket)
+                else:
+                    found.add(bucket)
         return list(found)
 
     def members(self) -> set[Waiter]:
         everyone = set(self.scan_all)
         for bucket in self.index.values():
-            everyone.update(bucket)
+            if isinstance(bucket, set):
+                everyone.update(bucket)
+            else:
+                everyone.add(bucket)
         return everyone
 
 
@@ -505,7 +572,7 @@ class FanOut:
             if waiter.cursor.get(tp, 0) > offset:
                 waiter.cursor[tp] = offset
                 if waiter.start_from != "earliest":
-                    waiter.ts_filter.add(tp)
+                    waiter.filter_by_time(tp)
 
 
 class CatchUpPass(FanOut):

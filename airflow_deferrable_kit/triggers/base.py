@@ -11,6 +11,7 @@ in one place.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import datetime as dt
 import functools
@@ -633,7 +634,7 @@ class PollingTrigger(BaseTrigger):
         # before run() releases clients.
         guard = self._deadline_guard
         if guard is None:
-            guard = self._deadline_guard = _DeadlineGuard(self.seconds_left)
+            guard = self._deadline_guard = _DeadlineGuard(self)
         cancelling = guard.enter(left)
         try:
             outcome = await self.check()
@@ -727,6 +728,10 @@ class PollingTrigger(BaseTrigger):
 
 _DEADLINE = object()
 
+#: The context the deadline timers run in: the callback reads no context variable, and a timer
+#: would otherwise keep a copy of its wait's context for as long as the wait lasts.
+_TIMER_CONTEXT: Final = contextvars.Context()
+
 #: How far the loop's clock may run from the wall clock before a wait's deadline timer is set
 #: again (a clock step, a suspended VM, a test's clock). Deadlines are in wall-clock time.
 DEADLINE_DRIFT_SECONDS: Final = 1.0
@@ -746,10 +751,10 @@ class _DeadlineGuard:
     that comes due before the wall clock's deadline is set again for what is left.
     """
 
-    __slots__ = ("_cancelled", "_handle", "_left", "_task")
+    __slots__ = ("_cancelled", "_handle", "_task", "_trigger")
 
-    def __init__(self, left: Callable[[], float | None]) -> None:
-        self._left = left
+    def __init__(self, trigger: PollingTrigger) -> None:
+        self._trigger = trigger
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[Any] | None = None  # set while a check runs
         self._cancelled = False  # the guard cancelled the running check
@@ -762,7 +767,7 @@ class _DeadlineGuard:
         if handle is None or handle.cancelled() or abs(handle.when() - when) > DEADLINE_DRIFT_SECONDS:
             if handle is not None:
                 handle.cancel()
-            self._handle = loop.call_at(when, self._due)
+            self._handle = loop.call_at(when, self._due, context=_TIMER_CONTEXT)
         task = asyncio.current_task()
         assert task is not None
         self._task, self._cancelled = task, False
@@ -777,9 +782,9 @@ class _DeadlineGuard:
         return task.uncancel() <= cancelling
 
     def _due(self) -> None:
-        left = self._left()
+        left = self._trigger.seconds_left()
         if left is not None and left > 0:  # the loop's clock ran ahead of the wall clock
-            self._handle = asyncio.get_running_loop().call_later(left, self._due)
+            self._handle = asyncio.get_running_loop().call_later(left, self._due, context=_TIMER_CONTEXT)
             return
         self._handle = None  # spent: the next check (if any) sets a new one
         if self._task is not None and not self._cancelled:

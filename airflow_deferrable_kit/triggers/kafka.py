@@ -311,29 +311,32 @@ class KafkaMessageTrigger(PollingTrigger):
             # Waits that started together would otherwise all come back together every interval.
             self._phased = True
             interval = self.phase(interval)
-        budget = asyncio.get_running_loop().time() + interval
-        while True:
-            waiter.wake.clear()
-            if waiter.queue:
-                message, kind, decision = waiter.queue.popleft()
-                waiter.queued_bytes -= message.size
-                found = await self._settle(message, kind, decision)
-                if found is not None:
-                    return found
-                continue
-            if waiter.finished:
-                return None
-            for reader in waiter.readers.values():
-                if reader.fatal is not None:
-                    raise reader.fatal
-            if waiter.behind:
-                found = await self._catch_up(next(iter(sorted(waiter.behind))))
-                if found is not None:
-                    return found
-                continue
-            remaining = budget - asyncio.get_running_loop().time()
-            if remaining <= 0 or not await waiter.wake.wait(remaining, paced_alarm):
-                return None
+        # One alarm for every sleep of this check, on the triggerer's shared paced timers.
+        budget = paced_alarm(interval)
+        try:
+            while True:
+                waiter.wake.clear()
+                if waiter.queue:
+                    message, kind, decision = waiter.queue.popleft()
+                    waiter.queued_bytes -= message.size
+                    found = await self._settle(message, kind, decision)
+                    if found is not None:
+                        return found
+                    continue
+                if waiter.finished:
+                    return None
+                for reader in waiter.readers.values():
+                    if reader.fatal is not None:
+                        raise reader.fatal
+                if waiter.behind:
+                    found = await self._catch_up(next(iter(sorted(waiter.behind))))
+                    if found is not None:
+                        return found
+                    continue
+                if not await waiter.wake.wait_until(budget):
+                    return None
+        finally:
+            budget.cancel()  # ended early: its turn is skipped
 
     def next_poll_delay(self) -> float:
         # check() already waited (interruptibly) for up to poll_interval; go straight back in.

@@ -190,6 +190,49 @@ async def test_each_message_goes_only_to_the_waits_whose_conditions_match_it() -
     assert reader.positions[TP] == 5
 
 
+async def test_waits_sharing_a_value_come_and_go_without_losing_each_other() -> None:
+    """A value's waiters are one waiter, then a set of them, then one again as they leave."""
+    reader = reader_at(0)
+    first, second, third = (waiter_on(reader, [{"key": "a"}]) for _ in range(3))
+    alone = waiter_on(reader, [{"key": "b"}])
+    assert all(w.try_attach("t") for w in (first, second, third, alone))
+    for leaving in (first, second):
+        leaving.detach("t")
+    await reader._dispatch({TP: [record(b'{"n": 1}', key=b"a", offset=0), record(b'{"n": 1}', key=b"b", offset=1)]})
+    assert [offsets(w) for w in (first, second, third, alone)] == [[], [], [0], [1]]
+    assert reader.evaluations == 2
+    assert not reader.groups  # both finished and left: nothing indexed any more
+    assert reader.waiters() == []
+
+
+async def test_one_alarm_serves_every_sleep_of_a_check_however_often_messages_wake_it() -> None:
+    """A predicate wait can be woken by every message of a busy topic; each sleep of its check
+    shares the check's one alarm instead of making (and dropping) a timer of its own."""
+
+    class CountingFuture(asyncio.Future[None]):
+        callbacks = 0
+
+        def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+            CountingFuture.callbacks += 1
+            super().add_done_callback(fn, context=context)
+
+    waiter = collector(reader_at(0))
+    alarm = CountingFuture()
+    for _ in range(500):  # woken by a message each time, before the alarm rings
+        waiter.wake.clear()
+        sleeping = asyncio.ensure_future(waiter.wake.wait_until(alarm))
+        await asyncio.sleep(0)
+        waiter.wake.set()
+        assert await sleeping is True
+    waiter.wake.clear()
+    sleeping = asyncio.ensure_future(waiter.wake.wait_until(alarm))
+    await asyncio.sleep(0)
+    alarm.set_result(None)  # the check's time is up
+    assert await sleeping is False
+    assert await waiter.wake.wait_until(alarm) is False  # and stays up
+    assert CountingFuture.callbacks == 1
+
+
 async def test_a_wait_gets_nothing_before_its_start() -> None:
     start = 1_700_000_000_000
     reader = reader_at(0)
