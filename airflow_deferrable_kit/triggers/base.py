@@ -248,6 +248,21 @@ def register_event_form(wait_class: type, build: EventForm) -> None:
     _EVENT_FORMS[wait_class] = build
 
 
+#: What Airflow's ``BaseTrigger`` and trigger runner set on every trigger, kept in slots (see
+#: ``PollingTrigger.__slots__``). ``task_instance`` is a plain attribute before Airflow 3.3 and a
+#: property over ``_task_instance`` from 3.3 on: a slot of that name would hide the property.
+_SET_BY_AIRFLOW: Final = (
+    "_task_instance",
+    "task_id",
+    "template_ext",
+    "template_fields",
+    "timeout_after",
+    "trigger_id",
+    "triggerer_job_id",
+    *(() if isinstance(getattr(BaseTrigger, "task_instance", None), property) else ("task_instance",)),
+)
+
+
 @dataclass_transform(kw_only_default=True)
 @dataclasses.dataclass(kw_only=True, eq=False, repr=False)
 class PollingTrigger(BaseTrigger):
@@ -291,13 +306,7 @@ class PollingTrigger(BaseTrigger):
         "_last_error",
         "_leases",
         "_metrics",
-        "_task_instance",
-        "task_id",
-        "template_ext",
-        "template_fields",
-        "timeout_after",
-        "trigger_id",
-        "triggerer_job_id",
+        *_SET_BY_AIRFLOW,
     )
 
     poll_interval: float = 30.0
