@@ -61,6 +61,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -165,6 +166,21 @@ def socket_count() -> int:
             if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
                 count += 1
     return count
+
+
+def start_profiler(out: str, seconds: float) -> subprocess.Popen[bytes]:
+    """Sample this process's stacks for ``seconds`` (``--profile-hold``): py-spy, from the outside.
+
+    A sampling profiler in its own process, not attached in between samples (``--nonblocking``):
+    the hold's CPU figures stay this process's own. The raw stacks (one line per distinct stack,
+    with its sample count) go to ``out``; ``benchmarks/poll_profile.py`` sums them by family.
+    """
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile-hold needs py-spy: install the bench extra (pip install -e '.[bench]')")
+    command = [spy, "record", "--pid", str(os.getpid()), "--duration", str(max(1, round(seconds)))]
+    command += ["--rate", "200", "--nonblocking", "--format", "raw", "--output", out]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def cpu_seconds() -> float:
@@ -733,10 +749,13 @@ async def measure(
     hold_until = t0 + args.hold
     if target_ts is not None:  # a DateTime hold ends before the target
         hold_until = min(hold_until, t0 + target_ts - 0.5 - time.time())
+    sampler_process = start_profiler(args.profile_hold, hold_until - t0) if args.profile_hold else None
     while time.monotonic() < hold_until:
         await asyncio.sleep(max(0.0, min(1.0, hold_until - time.monotonic())))
         rss_samples.append(rss_kb())
     cpu1, t1 = cpu_seconds(), time.monotonic()
+    if sampler_process is not None:
+        await loop.run_in_executor(None, sampler_process.wait)
     statements1 = statements_sent(args.kind, args.impl)
     server1 = await loop.run_in_executor(None, postgres_server_side, endpoint, server_pid) if on_server else None
     rss1 = rss_kb()
@@ -892,6 +911,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="append the JSON line to this file too")
     parser.add_argument(
         "--freeze-gc", action="store_true", help="gc.freeze() after start-up, so full collections skip the imports"
+    )
+    parser.add_argument(
+        "--profile-hold",
+        metavar="FILE",
+        help="sample the hold's stacks with py-spy into FILE (raw); summarise with benchmarks/poll_profile.py",
     )
     parser.add_argument("--topics", type=int, help="kafka-topics: how many topics the waits spread over (default N)")
     parser.add_argument("--unrelated-topics", type=int, default=0, help="kafka: other topics on the broker")
