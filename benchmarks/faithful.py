@@ -109,7 +109,7 @@ def deferral(
     kind: str, impl: str, i: int, poll: float, target: str | None, topics: int, start_ms: int
 ) -> tuple[str, dict[str, Any], dt.timedelta | None]:
     """Wait ``i`` of a cell as its sensor defers it."""
-    from benchmarks.triggerer_load import BUCKET, s3_wait, topic_of
+    from benchmarks.triggerer_load import BUCKET, http_endpoint, s3_wait, topic_of
 
     if impl == "floor":
         return "benchmarks.faithful.FloorTrigger", {"moment": dt.datetime.fromisoformat(str(target)).timestamp()}, None
@@ -124,10 +124,10 @@ def deferral(
             sensor: Any = S3KeySensor(
                 bucket_key=key, bucket_name=BUCKET, wildcard_match=wildcard, aws_conn_id="bench_aws", **kit
             )
-        elif kind == "http":
+        elif kind.startswith("http"):
             from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
 
-            sensor = HttpBatchReadySensor(http_conn_id="bench_http", endpoint=f"ready/{i}", **kit)
+            sensor = HttpBatchReadySensor(http_conn_id="bench_http", endpoint=http_endpoint(kind, i), **kit)
         elif kind.startswith("postgres"):
             from airflow_deferrable_kit.sensors.postgres import PostgresBatchMarkerSensor
             from benchmarks.triggerer_load import marker_key, table_of
@@ -158,10 +158,10 @@ def deferral(
         sensor = OfficialS3KeySensor(
             bucket_key=key, bucket_name=BUCKET, wildcard_match=wildcard, aws_conn_id="bench_aws", **official
         )
-    elif kind == "http":
+    elif kind.startswith("http"):
         from airflow.providers.http.sensors.http import HttpSensor
 
-        sensor = HttpSensor(endpoint=f"ready/{i}", http_conn_id="bench_http", **official)
+        sensor = HttpSensor(endpoint=http_endpoint(kind, i), http_conn_id="bench_http", **official)
     elif kind.startswith("kafka"):
         from airflow.providers.apache.kafka.sensors.kafka import AwaitMessageSensor
 
@@ -345,11 +345,13 @@ def install_startup_probe(kind: str, impl: str) -> StartupProbe | AlarmProbe | F
         return StartupProbe(
             S3Hook, "check_key_async", lambda _hook, _client, _bucket, key, *a, **k: key, "first key check returned"
         )
-    if kind == "http":
+    if kind.startswith("http"):
         from airflow.providers.http.hooks.http import HttpAsyncHook
 
+        # One hook per trigger for its life (HttpSensorTrigger.run builds it once): counted by hook,
+        # so waits that share one URL are each counted.
         return StartupProbe(
-            HttpAsyncHook, "run", lambda *a, **k: k.get("endpoint"), "first request answered (404 until the flip)"
+            HttpAsyncHook, "run", lambda self, *a, **k: id(self), "first request answered (404 until the flip)"
         )
     if kind.startswith("postgres"):  # the naive trigger: one connection per wait, one fetchrow per poll
         from asyncpg.connection import Connection
@@ -371,7 +373,7 @@ def _kit_trigger_class(kind: str) -> type:
         from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
 
         return S3KeyTrigger
-    if kind == "http":
+    if kind.startswith("http"):
         from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
 
         return HttpBatchReadyTrigger

@@ -325,6 +325,11 @@ def flipper_main(kind: str, n: int, endpoint: str, topics: int = 0, unrelated: i
     asyncio.run(_flipper(kind, n, endpoint, topics, unrelated))
 
 
+def http_endpoint(kind: str, i: int) -> str:
+    """The endpoint wait ``i`` polls: its own (``http``), or one URL for every wait (``http-one-url``)."""
+    return "ready/0" if kind == "http-one-url" else f"ready/{i}"
+
+
 def topic_of(kind: str, i: int, topics: int) -> str:
     """The topic wait ``i`` is on."""
     return TOPIC if kind == "kafka" else f"{TOPIC}-{i % topics}"
@@ -492,10 +497,8 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
                 kw: dict[str, Any] = {"bucket_key": key, "bucket_name": BUCKET}
                 if wildcard:
                     kw["wildcard_match"] = True
-            elif kind == "http":
-                kw = {"http_conn_id": "bench_http", "endpoint": f"ready/{i}"}
-            elif kind == "http-one-url":
-                kw = {"http_conn_id": "bench_http", "endpoint": "ready/0"}
+            elif kind.startswith("http"):
+                kw = {"http_conn_id": "bench_http", "endpoint": http_endpoint(kind, i)}
             elif kind.startswith("postgres"):
                 kw = {"postgres_conn_id": "bench_pg", "table": table_of(kind, i), "match": {"batch_id": marker_key(i)}}
             elif kind.startswith("kafka"):
@@ -529,14 +532,10 @@ def build(kind: str, impl: str, n: int, poll: float, target: str | None, topics:
                     poke_interval=poll,
                 )
             )
-    elif kind == "http":
+    elif kind.startswith("http"):
         from airflow.providers.http.triggers.http import HttpSensorTrigger as ocls  # type: ignore[assignment]
 
-        made = [ocls(endpoint=f"ready/{i}", http_conn_id="bench_http", poke_interval=poll) for i in range(n)]
-    elif kind == "http-one-url":
-        from airflow.providers.http.triggers.http import HttpSensorTrigger as ocls  # type: ignore[assignment]
-
-        made = [ocls(endpoint="ready/0", http_conn_id="bench_http", poke_interval=poll) for _ in range(n)]
+        made = [ocls(endpoint=http_endpoint(kind, i), http_conn_id="bench_http", poke_interval=poll) for i in range(n)]
     elif kind.startswith("postgres"):
         # No official deferrable SQL trigger exists: the anchor is the naive one-connection-per-wait trigger.
         from benchmarks.naive_postgres import NaivePostgresMarkerTrigger as ocls  # type: ignore[assignment]
