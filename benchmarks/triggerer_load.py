@@ -22,9 +22,12 @@ Measured in this (the trigger) process only:
 * ``sockets_max``: socket fds in ``/proc/self/fd`` (sampled every 0.25 s, whole run).
 * ``latency_*``: per-wait event latency; ``events`` / ``missing`` count waits that fired / not.
 * ``lag_max_ms``: worst lateness of a 10 ms ticker during hold + flip + events
-  (``lag_max_startup_ms``: during start + warmup).
+  (``lag_max_startup_ms``: during start + warmup); split into ``lag_max_hold_ms`` (the waits
+  waiting) and ``lag_max_events_ms`` (the flip and the burst of events after it).
 * ``gc_pause_max_ms`` / ``gc_full_collections``: the longest garbage-collector pause and the
-  number of full collections in the same window (``--freeze-gc`` freezes the start-up objects).
+  number of full collections in the same window (``--freeze-gc`` freezes the start-up objects),
+  and the same for the hold alone (``gc_pause_max_hold_ms``, ``gc_full_collections_hold``) and
+  the events (``gc_pause_max_events_ms``).
 
 Usage::
 
@@ -69,6 +72,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +242,40 @@ class GcMeter:
         value = (self.max_pause, self.full)
         self.max_pause, self.full = 0.0, 0
         return value
+
+
+def traced_memory(snapshot: tracemalloc.Snapshot, n: int, top: int = 60) -> dict[str, Any]:
+    """What the waits hold at the end of the hold, by the line that allocated it (``--trace-memory``).
+
+    Every live block allocated since the triggers were built, in bytes per wait: what the waits
+    keep, with the one-off objects of the first client spread over N (measure at two N to tell them
+    apart). Unlike ``--object-census`` it counts strings, tuples and numbers, and says where from.
+    """
+    stats = snapshot.statistics("lineno")
+    here = str(ROOT) + os.sep
+
+    def site(stat: tracemalloc.Statistic) -> str:
+        frame = stat.traceback[0]
+        name = frame.filename
+        name = name.split("site-packages" + os.sep, 1)[-1] if "site-packages" in name else name.replace(here, "")
+        return f"{name}:{frame.lineno}"
+
+    def package(where: str) -> str:
+        if where.startswith((os.sep, "<frozen")):  # the standard library: by module
+            return "python: " + Path(where.split(":", 1)[0]).stem.strip("<>")
+        return where.split(os.sep, 1)[0] if os.sep in where else where.split(":", 1)[0]
+
+    by_package: collections.Counter[str] = collections.Counter()
+    for stat in stats:
+        by_package[package(site(stat))] += stat.size
+    return {
+        "traced_bytes_per_wait": round(sum(stat.size for stat in stats) / n),
+        "traced_bytes_per_wait_by_package": {name: round(size / n) for name, size in by_package.most_common(top)},
+        "traced_bytes_per_wait_by_line": {site(stat): round(stat.size / n) for stat in stats[:top]},
+        "traced_bytes_per_wait_by_kit_line": {
+            site(stat): round(stat.size / n) for stat in stats if "airflow_deferrable_kit" in site(stat)
+        },
+    }
 
 
 def object_census() -> tuple[collections.Counter[str], collections.Counter[str]]:
@@ -666,6 +704,8 @@ async def measure(
     rss0 = rss_kb()
     objects0 = len(gc.get_objects())
     census0 = object_census() if args.object_census else None
+    if args.trace_memory:
+        tracemalloc.start()  # from here every Python allocation is traced to the line that made it
     t_build, cpu_build = time.monotonic(), cpu_seconds()
     if faithful:
         runner = airflow_like.bench_runner(fired, events)
@@ -753,6 +793,10 @@ async def measure(
         await asyncio.sleep(max(0.0, min(1.0, hold_until - time.monotonic())))
         rss_samples.append(rss_kb())
     cpu1, t1 = cpu_seconds(), time.monotonic()
+    lag_hold = lag.take()  # the waits waiting: apart from the flip and the burst of events after it
+    traced = traced_memory(tracemalloc.take_snapshot(), args.n) if args.trace_memory and args.n else {}
+    tracemalloc.stop()
+    gc_hold_pause, gc_hold_full = gc_meter.take()
     if sampler_process is not None:
         await loop.run_in_executor(None, sampler_process.wait)
     statements1 = statements_sent(args.kind, args.impl)
@@ -777,6 +821,10 @@ async def measure(
         "rss_max_kb": max(rss_samples or [rss1]),
         "rss_per_trigger_kb": round((rss1 - rss0) / args.n, 3) if args.n else None,
         "lag_max_startup_ms": round(lag_startup * 1000, 1),
+        "lag_max_hold_ms": round(lag_hold * 1000, 1),
+        "gc_pause_max_hold_ms": round(gc_hold_pause * 1000, 1),
+        "gc_full_collections_hold": gc_hold_full,
+        **traced,
     }
     if statements0 is not None and statements1 is not None:  # Postgres: statements sent per poll round
         steady["statements_in_hold"] = statements1 - statements0
@@ -802,8 +850,10 @@ async def measure(
     deadline = time.monotonic() + args.event_timeout
     while len(fired) < args.n and time.monotonic() < deadline and not all(t.done() for t in tasks):  # noqa: ASYNC110
         await asyncio.sleep(0.05)
-    lag_run = lag.take()
-    gc_pause, gc_full = gc_meter.take()
+    lag_events = lag.take()
+    gc_events_pause, gc_events_full = gc_meter.take()
+    lag_run = max(lag_hold, lag_events)
+    gc_pause, gc_full = max(gc_hold_pause, gc_events_pause), gc_hold_full + gc_events_full
     cpu2 = cpu_seconds()
 
     pending = [t for t in tasks if not t.done()]
@@ -850,6 +900,8 @@ async def measure(
         "latency_max_s": max(latencies) if latencies else None,
         "latency_mean_s": statistics.fmean(latencies) if latencies else None,
         "lag_max_ms": round(lag_run * 1000, 1),
+        "lag_max_events_ms": round(lag_events * 1000, 1),
+        "gc_pause_max_events_ms": round(gc_events_pause * 1000, 1),
         "gc_pause_max_ms": round(gc_pause * 1000, 1),
         "gc_full_collections": gc_full,
         "freeze_gc": args.freeze_gc,
@@ -906,6 +958,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--object-census", action="store_true", help="report the objects each wait keeps alive, by type"
+    )
+    parser.add_argument(
+        "--trace-memory",
+        action="store_true",
+        help="trace Python allocations from the build to the end of the hold: what each waiting wait holds, by "
+        "line (the tracing slows the run: its CPU and lag figures are not comparable)",
     )
     parser.add_argument("--out", help="append the JSON line to this file too")
     parser.add_argument(
