@@ -110,24 +110,40 @@ def held_keys() -> dict[Hashable, int]:
 
 
 class Leases:
-    """The leases one trigger holds, so its cleanup releases exactly those."""
+    """The leases one trigger holds, so its cleanup releases exactly those.
 
-    __slots__ = ("_held",)
+    Nearly every trigger holds one lease for its life (its connection's client), and 10,000 of
+    them may wait in one triggerer: the first lease is kept as a pair and a dict is made only for
+    a second one (~170 bytes less per waiting trigger than a dict each).
+    """
+
+    __slots__ = ("_first", "_more")
 
     def __init__(self) -> None:
-        self._held: dict[Hashable, Any] = {}
+        self._first: tuple[Hashable, Any] | None = None
+        self._more: dict[Hashable, Any] | None = None
 
     async def get(self, key: Hashable, factory: Factory, close: Closer) -> Any:
-        if key in self._held:
-            return self._held[key]
+        first = self._first
+        if first is not None and first[0] == key:
+            return first[1]
+        if self._more is not None and key in self._more:
+            return self._more[key]
         client = await acquire(key, factory, close)
-        self._held[key] = client
+        if self._first is None:
+            self._first = (key, client)
+        else:
+            if self._more is None:
+                self._more = {}
+            self._more[key] = client
         return client
 
     async def release_all(self) -> None:
-        keys, self._held = list(self._held), {}
+        keys = [self._first[0]] if self._first is not None else []
+        keys += list(self._more or ())
+        self._first, self._more = None, None
         for key in keys:
             await release(key)
 
     def __len__(self) -> int:
-        return len(self._held)
+        return (self._first is not None) + len(self._more or ())

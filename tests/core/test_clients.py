@@ -127,6 +127,19 @@ async def test_leases_release_only_what_they_hold() -> None:
     assert rec.closed == ["client1"]
 
 
+async def test_a_trigger_holding_several_leases_releases_each_once() -> None:
+    rec = Recorder()
+    leases = clients.Leases()
+    first = await leases.get("k7", rec.build, rec.close)
+    second = await leases.get("k8", rec.build, rec.close)
+    third = await leases.get("k9", rec.build, rec.close)
+    assert [await leases.get(key, rec.build, rec.close) for key in ("k7", "k8", "k9")] == [first, second, third]
+    assert len(leases) == 3 and clients.held_keys() == {"k7": 1, "k8": 1, "k9": 1}
+    await leases.release_all()
+    assert len(leases) == 0 and clients.held_keys() == {}
+    assert sorted(rec.closed) == sorted([first, second, third])
+
+
 @pytest.mark.parametrize("count", [1, 3])
 async def test_release_of_an_unknown_key_is_harmless(count: int) -> None:
     for _ in range(count):

@@ -217,6 +217,19 @@ async def test_unknown_connection_is_fatal() -> None:
     assert "adk_missing_conn" in payload["message"]
 
 
+async def test_waits_on_one_connection_keep_one_settings_and_a_changed_connection_gets_new_ones(
+    make_conn: Any, s3_server: services.S3Server
+) -> None:
+    conn_id = make_conn(s3_server.endpoint_url)
+    first, second = await _s3_client.load_options(conn_id), await _s3_client.load_options(conn_id)
+    assert first is second  # equal reads share one instance (10,000 waits keep one, not 10,000)
+    make_conn(s3_server.endpoint_url, password="rotated-secret")
+    rotated = await _s3_client.load_options(conn_id)
+    assert rotated is not first and rotated.secret_access_key == "rotated-secret"
+    assert rotated.lease_key != first.lease_key  # so the rotated key gets a client of its own
+    assert (await _s3_client.load_options(None)) is (await _s3_client.load_options(None))
+
+
 async def test_role_arn_is_reported_as_unsupported(make_conn: Any, s3_server: services.S3Server) -> None:
     conn_id = make_conn(s3_server.endpoint_url, role_arn="arn:aws:iam::123456789012:role/r")
     payload = await run_trigger_payload(S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id=conn_id))
