@@ -700,6 +700,8 @@ async def measure(
     gc.collect()
     if args.freeze_gc:
         gc.freeze()  # what an operator can do after start-up: full collections skip the imports
+    if args.gc_threshold:
+        gc.set_threshold(*args.gc_threshold)  # what an operator can set at start-up (a sitecustomize module)
     gc_meter = GcMeter()
     rss0 = rss_kb()
     objects0 = len(gc.get_objects())
@@ -905,6 +907,7 @@ async def measure(
         "gc_pause_max_ms": round(gc_pause * 1000, 1),
         "gc_full_collections": gc_full,
         "freeze_gc": args.freeze_gc,
+        **({"gc_threshold": list(args.gc_threshold)} if args.gc_threshold else {}),
         "cancel_s": round(cancel_s, 2),
     }
 
@@ -973,6 +976,12 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-hold",
         metavar="FILE",
         help="sample the hold's stacks with py-spy into FILE (raw); summarise with benchmarks/poll_profile.py",
+    )
+    parser.add_argument(
+        "--gc-threshold",
+        type=lambda text: tuple(int(part) for part in text.split(",")),
+        metavar="G0,G1,G2",
+        help="gc.set_threshold(G0, G1, G2) before the triggers are built (default: Python's 700,10,10)",
     )
     parser.add_argument("--topics", type=int, help="kafka-topics: how many topics the waits spread over (default N)")
     parser.add_argument("--unrelated-topics", type=int, default=0, help="kafka: other topics on the broker")
