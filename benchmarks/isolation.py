@@ -45,7 +45,7 @@ other than ``success``. Cells (``--cell``, default all):
 ``kafka-topics/undecodable``          N waits on one connection over ``--topics`` topics; one
                                       more wait on a topic whose lz4 batch, produced at the
                                       start of the hold, this process cannot decode (as
-                                      ``tests/kafka/test_isolation.py`` injects it)
+                                      ``tests/integration/kafka/test_isolation.py`` injects it)
 ====================================  ======================================================
 
 The quiet run (about 10 minutes at N=1,000 on two cores)::
@@ -190,7 +190,7 @@ def deferrals(cell: Cell, poisoned: bool, n: int, poll: float, topics: int) -> l
 
 # ------------------------------------------------------------------------- fault proxy
 def serve_proxy(upstream: str, port: int) -> None:
-    """Separate process: ``tests/s3/fault_proxy.py``'s proxy in front of the S3 server, with two rules.
+    """Separate process: ``tests/integration/s3/fault_proxy.py``'s proxy in front of the S3 server, with two rules.
 
     ``POST /__poison__/head403?key=K``: every HEAD of ``K`` answers 403 from then on;
     ``POST /__poison__/slowdown?seconds=S``: every ``ListObjectsV2`` answers 503 SlowDown for S s.
@@ -200,7 +200,7 @@ def serve_proxy(upstream: str, port: int) -> None:
     import aiohttp
     from aiohttp import web
 
-    from tests.s3.fault_proxy import FaultProxy
+    from tests.integration.s3.fault_proxy import FaultProxy
 
     class PoisonProxy(FaultProxy):
         def __init__(self, upstream: str) -> None:
@@ -395,7 +395,7 @@ def run_variant(cell: Cell, poisoned: bool, args: argparse.Namespace) -> dict[st
 
         if cell.mechanism == "kafka-topics":
             # This process cannot decode lz4 (in both runs: only (b) waits on the lz4 topic), as
-            # tests/kafka/test_isolation.py injects an undecodable batch; the poisoner encodes it.
+            # tests/integration/kafka/test_isolation.py injects an undecodable batch; the poisoner encodes it.
             import aiokafka.codec
 
             aiokafka.codec.has_lz4 = lambda: False

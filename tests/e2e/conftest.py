@@ -1,0 +1,47 @@
+"""The end-to-end tier: a real Airflow (api-server, scheduler, triggerer, dag-processor)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from scripts import services
+
+if TYPE_CHECKING:
+    from scripts.airflow_local import LocalAirflow
+    from scripts.demo import Showcase
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def showcase(
+    postgres_server: services.Postgres, s3_server: services.S3Server, kafka_broker: services.Kafka
+) -> Iterator[Showcase]:
+    """One real Airflow for most end-to-end tests: the showcase DAG plus the tests' own DAGs."""
+    from scripts.demo import showcase as start_showcase
+
+    extra = [HERE / "dags", HERE / "audit_dags"]
+    with start_showcase(extra, postgres=postgres_server, s3=s3_server, kafka=kafka_broker) as show:
+        yield show
+
+
+@pytest.fixture(scope="session")
+def airflow(showcase: Showcase) -> LocalAirflow:
+    return showcase.airflow
+
+
+#: A deployment starts inside a test's setup, and a run it watches can take minutes.
+E2E_TIMEOUT = 900
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here is an e2e test, with the tier's own timeout (the 120 s default is too short)."""
+    for item in items:
+        if HERE in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
