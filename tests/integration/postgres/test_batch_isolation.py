@@ -228,12 +228,11 @@ async def test_a_batch_wide_failure_is_shared_with_one_backoff_not_a_retry_storm
     assert all(errors), "every wait of the batch shared its failure"
     shared = [error for mine in errors for error in mine]
     print(f"\n30 waits, 3 s of a batch-wide transient error: {during} statements, {len(shared)} errors handed out")
-    # One statement per backoff step, never one per wait: how many steps fit in the outage
-    # depends on the machine's load (6 alone, 16 on a busy machine), what each failed statement
-    # reaches does not. Each wait backing off on its own hands each failure to one wait (about
-    # one error per statement); shared, each failure reaches the whole batch of 30.
-    assert during >= 1, during
+    # One statement per backoff step of the batch, never one per wait. How many steps fit in the
+    # outage depends on the machine's load (6 alone, 16 on a busy machine); a statement per wait
+    # would be 30 in the first step alone (44 in all when each wait backed off on its own).
+    assert 1 <= during < len(triggers), during
     assert all(isinstance(e, TransientError) and e.error_type == "unavailable" for e in shared)
     assert all("shared by the" in e.message and getattr(e, "retry_after", None) for e in shared)
-    assert len(shared) >= 10 * during, (len(shared), during)
+    assert len(shared) >= 2 * during  # each statement's failure reached many waits
     assert held_keys() == {}
