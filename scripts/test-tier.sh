@@ -19,7 +19,7 @@ shift
 case "$tier" in
   unit) parallel=(-n "${TEST_WORKERS:-auto}" --dist loadfile) ;;
   integration) parallel=(-n "${TEST_WORKERS:-3}" --dist loadfile) ;;
-  e2e) parallel=() ;;
+  e2e) parallel=(-n "${TEST_WORKERS:-2}" --dist loadgroup) ;;
   release) parallel=() ;;
   *) echo "unknown tier '$tier': expected unit, integration, e2e or release" >&2; exit 2 ;;
 esac

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scripts import services
+from tests.e2e.event_deployment import EventDeployment, event_deployment
 
 if TYPE_CHECKING:
     from scripts.airflow_local import LocalAirflow
@@ -39,9 +40,27 @@ E2E_TIMEOUT = 900
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test here is an e2e test, with the tier's own timeout (the 120 s default is too short)."""
+    """Every test here is an e2e test, with the tier's own timeout (the 120 s default is too
+    short), in the xdist group of the deployment it runs on: the tests of one deployment run in
+    one worker, one after another, so each deployment starts once and the deployments run side
+    by side (``--dist loadgroup``)."""
     for item in items:
-        if HERE in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.e2e)
-            if item.get_closest_marker("timeout") is None:
-                item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
+        if HERE not in Path(str(item.path)).parents:
+            continue
+        item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
+        uses = set(getattr(item, "fixturenames", ()))
+        group = (
+            "showcase" if uses & {"showcase", "airflow"} else "events" if "event_airflow" in uses else item.path.stem
+        )
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session")
+def event_airflow(
+    postgres_server: services.Postgres, s3_server: services.S3Server, kafka_broker: services.Kafka
+) -> Iterator[EventDeployment]:
+    """The Airflow of the event-driven and HA tests (tests/e2e/event_deployment.py)."""
+    with event_deployment(postgres_server, s3_server, kafka_broker) as deployment:
+        yield deployment

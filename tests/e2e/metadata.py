@@ -64,8 +64,13 @@ def items_of(payload: Any) -> list[Any]:
 
 
 def running_triggerers(dsn: str) -> list[int]:
-    """The ids of the triggerer jobs Airflow holds for running, oldest first."""
-    rows = query(dsn, "SELECT id FROM job WHERE job_type = 'TriggererJob' AND state = 'running' ORDER BY id")
+    """The ids of the triggerer jobs alive now, oldest first: running, with a heartbeat (every 2 s
+    here) in the last 10 s. A killed triggerer's job stays ``running`` in the table for ever."""
+    rows = query(
+        dsn,
+        "SELECT id FROM job WHERE job_type = 'TriggererJob' AND state = 'running' "
+        "AND latest_heartbeat > now() - interval '10 seconds' ORDER BY id",
+    )
     return [int(row[0]) for row in rows]
 
 

@@ -18,12 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -36,15 +32,12 @@ import pytest
 
 from scripts import services
 from scripts.airflow_local import LocalAirflow
-from scripts.demo import batch_api
+from tests.e2e.event_deployment import EventDeployment
 from tests.e2e.metadata import (
-    event_connections,
     items_of,
-    new_database,
     query,
     running_triggerers,
     set_batch,
-    sqlalchemy_url,
     wait_for,
     watcher_holders,
 )
@@ -282,16 +275,15 @@ def all_bursts(world: Bursts, triggerers: int) -> list[Outcome]:
 
 
 @pytest.fixture(scope="module")
-def bursts(
-    postgres_server: services.Postgres, s3_server: services.S3Server, kafka_broker: services.Kafka
-) -> Iterator[Bursts]:
+def bursts(event_airflow: EventDeployment) -> Iterator[Bursts]:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    tag = uuid.uuid4().hex[:8]
-    table, bucket, topic = f"adk_e2e_bursts_{tag}", f"adk-e2e-bursts-{tag}", f"adk-e2e-bursts-{tag}"
+    deployment = event_airflow
+    names = deployment.names
+    table, bucket, topic = names.table("bursts"), names.bucket("bursts"), names.topic("bursts")
 
     async def create_topic() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+        admin = AIOKafkaAdminClient(bootstrap_servers=deployment.kafka.bootstrap_servers)
         await admin.start()
         try:
             await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
@@ -299,58 +291,40 @@ def bursts(
             await admin.close()
 
     asyncio.run(create_topic())
-    postgres_server.psql(f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL)")
-    dsn = new_database(postgres_server, "airflow_bursts")
-    dags = Path(tempfile.mkdtemp(prefix="adk-bursts-dags-"))
-    for source in DAGS.glob("*.py"):
-        shutil.copy(source, dags / source.name)
-    flag = dags / "ready.flag"
-    with contextlib.ExitStack() as stack:
-        api_url = stack.enter_context(batch_api())
-        kafka = {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_broker.bootstrap_servers}}
-        airflow = LocalAirflow(
-            dags_folder=dags,
-            sql_alchemy_conn=sqlalchemy_url(dsn),
-            extra_env={
-                **event_connections(api_url, s3_server, postgres_server),
-                "AIRFLOW_CONN_ADK_E2E_KAFKA": json.dumps(kafka),
-                "ADK_E2E_BURST_BUCKET": bucket,
-                "ADK_E2E_BURST_TABLE": table,
-                "ADK_E2E_BURST_TOPIC": topic,
-                "ADK_E2E_BURST_BATCH": f"bursts-{tag}",
-                "ADK_E2E_BURST_FLAG": str(flag),
-                # The user's own wait module, shipped with the DAGs to every component.
-                "PYTHONPATH": os.pathsep.join([str(dags), *filter(None, [os.environ.get("PYTHONPATH")])]),
-                # A triggerer stopped by the test ends its job at once; this only keeps a busy
-                # machine's late heartbeat from handing watchers over in the middle of a burst.
-                "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "30",
-            },
-        )
-        import botocore.session
-
-        client = botocore.session.get_session().create_client(
-            "s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1",
-            aws_access_key_id="e2e", aws_secret_access_key="e2e",
-        )  # fmt: skip
-        client.create_bucket(Bucket=bucket)
-        set_batch(api_url, f"bursts-{tag}", "pending")
-        world = Bursts(
-            airflow, dsn, postgres_server, client, kafka_broker.bootstrap_servers, api_url, bucket, table, topic,
-            f"bursts-{tag}", flag,
-        )  # fmt: skip
-        stack.callback(shutil.rmtree, dags, ignore_errors=True)
-        stack.callback(shutil.rmtree, airflow.home, ignore_errors=True)
-        stack.callback(airflow.stop)
-        airflow.start()
+    deployment.postgres.psql(f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL)")
+    client = deployment.s3_client()
+    client.create_bucket(Bucket=bucket)
+    set_batch(deployment.api_url, names.batch("bursts"), "pending")
+    world = Bursts(
+        deployment.airflow, deployment.dsn, deployment.postgres, client, deployment.kafka.bootstrap_servers,
+        deployment.api_url, bucket, table, topic, names.batch("bursts"), deployment.flag,
+    )  # fmt: skip
+    # A triggerer stopped by the test ends its job at once; the threshold only keeps a busy
+    # machine's late heartbeat from handing watchers over in the middle of a burst.
+    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="30")
+    files = sorted(DAGS.glob("*.py"))  # the DAGs and the user's own wait module they import
+    deployment.install(*files)
+    try:
         for asset in KINDS:
-            airflow.wait_for_dag(f"{asset}_consumer")
+            world.airflow.wait_for_dag(f"{asset}_consumer")
         # Each watcher's first look is its starting point, saved once taken.
         wait_for(
             "every watcher's starting point",
-            lambda: len(world.query("SELECT DISTINCT asset_id FROM asset_state_store")) >= len(KINDS),
+            lambda: (
+                len(
+                    world.query(
+                        "SELECT DISTINCT s.asset_id FROM asset_state_store s JOIN asset a ON a.id = s.asset_id "
+                        "WHERE a.name = ANY(%s)",
+                        list(KINDS),
+                    )
+                )
+                >= len(KINDS)
+            ),
             timeout=180,
         )
         yield world
+    finally:
+        deployment.uninstall(files, [f"{asset}_consumer" for asset in KINDS], KINDS)
 
 
 def check(outcomes: list[Outcome], triggerers: int) -> None:

@@ -8,23 +8,18 @@ kit's S3, Postgres and HTTP event triggers, with no sensor task.
   takes the watchers over: nothing is missed, and an event fires twice only if it was stored
   in the moment before the kill, before its watermark could be saved (the documented window).
 
-Starts its own Airflow on a PostgreSQL metadata DB (the session one runs on SQLite and its
-DAG folder holds no watchers), with a short triggerer health threshold so a killed
-triggerer's watchers are adopted within seconds.
+Runs on the event deployment (tests/e2e/event_deployment.py: a PostgreSQL metadata DB), with a
+short triggerer health threshold so a killed triggerer's watchers are adopted within seconds.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,15 +29,13 @@ import pytest
 
 from scripts import services
 from scripts.airflow_local import LocalAirflow
-from scripts.demo import API_TOKEN, batch_api
+from scripts.demo import API_TOKEN
+from tests.e2e.event_deployment import EventDeployment
 from tests.e2e.metadata import (
-    event_connections,
     events_in_runs,
     items_of,
-    new_database,
     query,
     set_batch,
-    sqlalchemy_url,
     wait_for,
 )
 
@@ -118,39 +111,29 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(postgres_server: services.Postgres, s3_server: services.S3Server) -> Iterator[World]:
-    tag = uuid.uuid4().hex[:8]
-    table, bucket = f"adk_e2e_loads_{tag}", f"adk-e2e-events-{tag}"
-    dsn = new_database(postgres_server, "airflow_events")
-    postgres_server.psql(
+def world(event_airflow: EventDeployment) -> Iterator[World]:
+    deployment = event_airflow
+    names = deployment.names
+    table, bucket, batch = names.table("events"), names.bucket("events"), names.batch("events")
+    deployment.postgres.psql(
         f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL, status text NOT NULL DEFAULT 'done')"
     )
-    dags = Path(tempfile.mkdtemp(prefix="adk-events-dags-"))
-    shutil.copy(DAGS / "e2e_events.py", dags / "e2e_events.py")
-    with contextlib.ExitStack() as stack:
-        api_url = stack.enter_context(batch_api())
-        airflow = LocalAirflow(
-            dags_folder=dags,
-            sql_alchemy_conn=sqlalchemy_url(dsn),
-            extra_env={
-                **event_connections(api_url, s3_server, postgres_server),
-                "ADK_E2E_EVENTS_BUCKET": bucket,
-                "ADK_E2E_EVENTS_TABLE": table,
-                "ADK_E2E_EVENTS_BATCH": f"events-{tag}",
-                "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "6",
-            },
-        )
-        world = World(airflow, dsn, postgres_server, s3_server, api_url, bucket, table, f"events-{tag}")
-        world.s3_client().create_bucket(Bucket=bucket)
-        stack.callback(shutil.rmtree, dags, ignore_errors=True)
-        stack.callback(shutil.rmtree, world.airflow.home, ignore_errors=True)
-        stack.callback(world.airflow.stop)
-        world.airflow.start()
-        for asset in (S3_ASSET, PG_ASSET, HTTP_ASSET):
+    world = World(
+        deployment.airflow, deployment.dsn, deployment.postgres, deployment.s3, deployment.api_url, bucket, table, batch
+    )
+    world.s3_client().create_bucket(Bucket=bucket)
+    # A killed triggerer's watchers are adopted within seconds.
+    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="6")
+    deployment.install(DAGS / "e2e_events.py")
+    assets = (S3_ASSET, PG_ASSET, HTTP_ASSET)
+    try:
+        for asset in assets:
             world.airflow.wait_for_dag(f"{asset}_consumer")
         # Each watcher's first look is its starting point, saved once it is taken.
-        wait_for("every watcher's starting point", lambda: len(world.watermarks()) == 3, timeout=180)
+        wait_for("every watcher's starting point", lambda: set(assets) <= set(world.watermarks()), timeout=180)
         yield world
+    finally:
+        deployment.uninstall([DAGS / "e2e_events.py"], [f"{asset}_consumer" for asset in assets], assets)
 
 
 def consumed_all(world: World, dag_id: str, ids: set[int]) -> Callable[[], Counter[int] | None]:
@@ -293,7 +276,7 @@ KAFKA_ASSET = "adk_e2e_kafka_orders"
 
 @dataclasses.dataclass
 class KafkaWorld:
-    """An Airflow of its own whose one watcher is the Kafka event trigger, and its topic."""
+    """The event deployment seen from the Kafka watcher's side: its topic and its events."""
 
     airflow: LocalAirflow
     dsn: str  # the metadata DB
@@ -336,16 +319,16 @@ class KafkaWorld:
 
 
 @pytest.fixture(scope="module")
-def kafka_world(postgres_server: services.Postgres, kafka_broker: services.Kafka) -> Iterator[KafkaWorld]:
+def kafka_world(event_airflow: EventDeployment) -> Iterator[KafkaWorld]:
     import asyncio
 
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    tag = uuid.uuid4().hex[:8]
-    topic = f"adk-e2e-orders-{tag}"
+    deployment = event_airflow
+    topic = deployment.names.topic("kafka")
 
     async def create_topic() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+        admin = AIOKafkaAdminClient(bootstrap_servers=deployment.kafka.bootstrap_servers)
         await admin.start()
         try:
             await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
@@ -353,29 +336,16 @@ def kafka_world(postgres_server: services.Postgres, kafka_broker: services.Kafka
             await admin.close()
 
     asyncio.run(create_topic())
-    dsn = new_database(postgres_server, "airflow_kafka_events")
-    dags = Path(tempfile.mkdtemp(prefix="adk-kafka-events-dags-"))
-    shutil.copy(DAGS / "e2e_kafka_events.py", dags / "e2e_kafka_events.py")
-    connection = {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_broker.bootstrap_servers}}
-    airflow = LocalAirflow(
-        dags_folder=dags,
-        sql_alchemy_conn=sqlalchemy_url(dsn),
-        extra_env={
-            "AIRFLOW_CONN_ADK_E2E_KAFKA": json.dumps(connection),
-            "ADK_E2E_EVENTS_TOPIC": topic,
-            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "6",
-        },
-    )
-    world = KafkaWorld(airflow, dsn, kafka_broker.bootstrap_servers, topic)
-    with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, dags, ignore_errors=True)
-        stack.callback(shutil.rmtree, airflow.home, ignore_errors=True)
-        stack.callback(airflow.stop)
-        airflow.start()
-        airflow.wait_for_dag(f"{KAFKA_ASSET}_consumer")
+    world = KafkaWorld(deployment.airflow, deployment.dsn, deployment.kafka.bootstrap_servers, topic)
+    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="6")
+    deployment.install(DAGS / "e2e_kafka_events.py")
+    try:
+        world.airflow.wait_for_dag(f"{KAFKA_ASSET}_consumer")
         # The watcher's first look (the log end of each partition) is its starting point.
         wait_for("the Kafka watcher's starting point", lambda: KAFKA_ASSET in world.watermarks(), timeout=180)
         yield world
+    finally:
+        deployment.uninstall([DAGS / "e2e_kafka_events.py"], [f"{KAFKA_ASSET}_consumer"], [KAFKA_ASSET])
 
 
 def test_each_matching_kafka_message_is_one_asset_event_and_one_dag_run(kafka_world: KafkaWorld) -> None:

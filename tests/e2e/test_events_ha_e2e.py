@@ -14,16 +14,12 @@ The triggerers are started one after the other so each Airflow job id maps to it
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import statistics
-import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,16 +29,13 @@ import pytest
 
 from scripts import services
 from scripts.airflow_local import LocalAirflow
-from scripts.demo import batch_api
+from tests.e2e.event_deployment import EventDeployment
 from tests.e2e.metadata import (
-    event_connections,
     events_in_runs,
     items_of,
-    new_database,
     query,
     running_triggerers,
     set_batch,
-    sqlalchemy_url,
     wait_for,
     watcher_holders,
 )
@@ -153,45 +146,24 @@ class HaWorld:
 
 
 @pytest.fixture(scope="module")
-def ha(postgres_server: services.Postgres, s3_server: services.S3Server) -> Iterator[HaWorld]:
-    tag = uuid.uuid4().hex[:8]
-    table, bucket = f"adk_e2e_ha_{tag}", f"adk-e2e-ha-{tag}"
-    dsn = new_database(postgres_server, "airflow_events_ha")
-    postgres_server.psql(f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL)")
-    dags = Path(tempfile.mkdtemp(prefix="adk-events-ha-dags-"))
-    with contextlib.ExitStack() as stack:
-        api_url = stack.enter_context(batch_api())
-        airflow = LocalAirflow(
-            dags_folder=dags,
-            sql_alchemy_conn=sqlalchemy_url(dsn),
-            extra_env={
-                **event_connections(api_url, s3_server, postgres_server),
-                "ADK_E2E_HA_BUCKET": bucket,
-                "ADK_E2E_HA_TABLE": table,
-                "ADK_E2E_HA_BATCH": f"ha-{tag}",
-                # A triggerer whose heartbeat (every 2 s here) is older than this is dead: the
-                # other one adopts its triggers. At 6 s, a heartbeat held up while the other
-                # triggerer started (a 2-core machine) handed live watchers back and forth, and
-                # an event fired just before a handover fired again, as after a stop.
-                "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
-                # The first triggerer runs two watchers at most: the second one gets the third.
-                "AIRFLOW__TRIGGERER__CAPACITY": "2",
-            },
-        )
-        import botocore.session
-
-        client = botocore.session.get_session().create_client(
-            "s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1",
-            aws_access_key_id="e2e", aws_secret_access_key="e2e",
-        )  # fmt: skip
-        client.create_bucket(Bucket=bucket)
-        world = HaWorld(airflow, dsn, postgres_server, client, api_url, bucket, table, f"ha-{tag}")
-        stack.callback(shutil.rmtree, dags, ignore_errors=True)
-        stack.callback(shutil.rmtree, airflow.home, ignore_errors=True)
-        stack.callback(airflow.stop)
-        airflow.start()
-        first = wait_for("the first triggerer job", world.running_triggerers)[0]
-        shutil.copy(DAG_FILE, dags / DAG_FILE.name)
+def ha(event_airflow: EventDeployment) -> Iterator[HaWorld]:
+    deployment = event_airflow
+    names = deployment.names
+    table, bucket, batch = names.table("ha"), names.bucket("ha"), names.batch("ha")
+    deployment.postgres.psql(f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL)")
+    client = deployment.s3_client()
+    client.create_bucket(Bucket=bucket)
+    airflow = deployment.airflow
+    world = HaWorld(airflow, deployment.dsn, deployment.postgres, client, deployment.api_url, bucket, table, batch)
+    # A triggerer whose heartbeat (every 2 s here) is older than this is dead: the other one
+    # adopts its triggers. At 6 s, a heartbeat held up while the other triggerer started (a
+    # 2-core machine) handed live watchers back and forth, and an event fired just before a
+    # handover fired again, as after a stop. The first triggerer runs two watchers at most: the
+    # second one gets the third.
+    threshold = "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD"
+    [first] = deployment.restart_triggerers(1, **{threshold: "15", "AIRFLOW__TRIGGERER__CAPACITY": "2"})
+    deployment.install(DAG_FILE)
+    try:
         wait_for("the first triggerer running two watchers", lambda: world.holders() == Counter({first: 2, None: 1}))
         airflow.extra_env = {**airflow.extra_env, "AIRFLOW__TRIGGERER__CAPACITY": "3"}  # room to adopt every watcher
         airflow.start_component("triggerer", name="triggerer-2")
@@ -203,6 +175,8 @@ def ha(postgres_server: services.Postgres, s3_server: services.S3Server) -> Iter
             "every watcher's starting point", lambda: all(world.watermark(a) is not None for a in KINDS), timeout=180
         )
         yield world
+    finally:
+        deployment.uninstall([DAG_FILE], [f"{asset}_consumer" for asset in KINDS], KINDS)
 
 
 #: Seconds from an event being stored to the watermark covering it being saved, per kind.

@@ -3,26 +3,24 @@ a deferred task's trigger, and the other adopts it and the task succeeds. Among 
 scheduler started in the triggerer (``start_from_trigger``): the adopter keeps their deadline
 and moment, and no worker ever runs them.
 
-Starts its own Airflow (the session one runs on SQLite with one triggerer). The triggerers are
-started one after the other so each Airflow job id maps to its process.
+Runs on the event deployment (tests/e2e/event_deployment.py: a PostgreSQL metadata DB). The
+triggerers are started one after the other so each Airflow job id maps to its process.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
-from scripts import services
 from scripts.airflow_local import LocalAirflow
-from tests.e2e.metadata import new_database, query, running_triggerers, sqlalchemy_url, wait_for
+from tests.e2e.event_deployment import EventDeployment
+from tests.e2e.metadata import query, running_triggerers, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -35,23 +33,14 @@ T = TypeVar("T")
 
 
 @pytest.fixture
-def ha_airflow(postgres_server: services.Postgres) -> Iterator[tuple[LocalAirflow, str]]:
-    dsn = new_database(postgres_server, "airflow_ha")
-    dags = Path(tempfile.mkdtemp(prefix="adk-ha-dags-"))
-    shutil.copy(DAG, dags / DAG.name)
-    shutil.copy(START_DAG, dags / START_DAG.name)
-    airflow = LocalAirflow(
-        dags_folder=dags,
-        sql_alchemy_conn=sqlalchemy_url(dsn),
-        extra_env={"AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "6"},
-    )
+def ha_airflow(event_airflow: EventDeployment) -> Iterator[tuple[LocalAirflow, str]]:
+    deployment = event_airflow
+    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="6")
+    deployment.install(DAG, START_DAG)
     try:
-        airflow.start()
-        yield airflow, dsn
+        yield deployment.airflow, deployment.dsn
     finally:
-        airflow.stop()
-        shutil.rmtree(airflow.home, ignore_errors=True)
-        shutil.rmtree(dags, ignore_errors=True)
+        deployment.uninstall([DAG, START_DAG], [DAG_ID, START_DAG_ID], [])
 
 
 def test_the_other_triggerer_adopts_the_trigger_of_a_killed_one(ha_airflow: tuple[LocalAirflow, str]) -> None:
@@ -82,7 +71,7 @@ def test_the_other_triggerer_adopts_the_trigger_of_a_killed_one(ha_airflow: tupl
     os.killpg(airflow.processes[process[victim]].pid, signal.SIGKILL)
 
     def adopted() -> bool:
-        rows = query(dsn, "SELECT triggerer_id FROM trigger")
+        rows = query(dsn, "SELECT t.triggerer_id FROM trigger t JOIN task_instance ti ON ti.trigger_id = t.id")
         return len(rows) == 4 and all(row[0] == survivor for row in rows)
 
     wait_for("the surviving triggerer adopting every trigger", adopted)
