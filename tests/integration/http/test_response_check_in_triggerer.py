@@ -66,7 +66,8 @@ def test_what_the_triggerer_cannot_import_stays_in_the_worker(check: Callable[..
 
 
 def test_a_path_that_cannot_be_imported_or_beside_a_predicate_is_refused_at_parse() -> None:
-    with pytest.raises(ValueError, match=r"response_check 'tests\.integration\.http\.predicates:nope' cannot be imported"):
+    refused = r"response_check 'tests\.integration\.http\.predicates:nope' cannot be imported"
+    with pytest.raises(ValueError, match=refused):
         sensor(response_check="tests.integration.http.predicates:nope")
     with pytest.raises(ValueError, match="response_check or predicate, not both"):
         sensor(response_check=CHECK, predicate="tests.integration.http.predicates:even_count_ready")
