@@ -227,8 +227,14 @@ class LocalAirflow:
         return str(run["dag_run_id"])
 
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
-        data = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
-        return {ti["task_id"]: ti for ti in data["task_instances"]}
+        """Every task instance of the run, page after page (the API returns 50 at a time)."""
+        found: dict[str, dict[str, Any]] = {}
+        while True:
+            path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100&offset={len(found)}"
+            data = self.api("GET", path)
+            found.update((ti["task_id"], ti) for ti in data["task_instances"])
+            if not data["task_instances"] or len(found) >= data["total_entries"]:
+                return found
 
     def watch_run(
         self,

@@ -39,22 +39,20 @@ def airflow(showcase: Showcase) -> LocalAirflow:
 E2E_TIMEOUT = 900
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test here is an e2e test, with the tier's own timeout (the 120 s default is too
-    short), in the xdist group of the deployment it runs on: the tests of one deployment run in
-    one worker, one after another, so each deployment starts once and the deployments run side
-    by side (``--dist loadgroup``)."""
+    short), marked with the deployment it runs on: ``event_deployment`` for the tests of the
+    event deployment. scripts/test-tier.sh runs those and the others in two processes side by
+    side, each process's tests one after another in file order, so each deployment starts once."""
     for item in items:
         if HERE not in Path(str(item.path)).parents:
             continue
         item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
-        uses = set(getattr(item, "fixturenames", ()))
-        group = (
-            "showcase" if uses & {"showcase", "airflow"} else "events" if "event_airflow" in uses else item.path.stem
-        )
-        item.add_marker(pytest.mark.xdist_group(group))
+        if "event_airflow" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.event_deployment)
 
 
 @pytest.fixture(scope="session")
