@@ -229,11 +229,13 @@ class LocalAirflow:
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
         """Every task instance of the run, page after page (the API returns 50 at a time)."""
         found: dict[str, dict[str, Any]] = {}
+        seen = 0  # rows, not task ids: the instances of a mapped task share one
         while True:
-            path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100&offset={len(found)}"
-            data = self.api("GET", path)
-            found.update((ti["task_id"], ti) for ti in data["task_instances"])
-            if not data["task_instances"] or len(found) >= data["total_entries"]:
+            path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100&offset={seen}"
+            page = self.api("GET", path)
+            found.update((ti["task_id"], ti) for ti in page["task_instances"])
+            seen += len(page["task_instances"])
+            if not page["task_instances"] or seen >= page["total_entries"]:
                 return found
 
     def watch_run(
