@@ -23,7 +23,7 @@ if [ "$#" -eq 0 ]; then
   # The unit tier, whole; a test of what only a later Airflow has (event triggers need 3.3's
   # shared streams and asset state store) says so with the `airflow_3_3` marker, and on an
   # earlier Airflow it is deselected here, by its own declaration, not by a list kept here.
-  set -- tests/unit
+  set -- tests/unit -n 2 --dist loadfile
   if ! "$PYTHON" -c 'import sys; v = tuple(map(int, sys.argv[1].split(".")[:2])); sys.exit(v < (3, 3))' "$version"; then
     set -- "$@" -m "not airflow_3_3"
   fi
