@@ -27,14 +27,14 @@ import asyncio
 import datetime as dt
 import json
 import urllib.error
-import urllib.request
 import uuid
 from typing import Any
 
 import pytest
 
 from scripts.airflow_local import LocalAirflow, WatchedRun
-from scripts.demo import API_TOKEN, Showcase
+from scripts.demo import Showcase
+from tests.e2e.metadata import set_batch
 
 DAG_ID = "adk_e2e_matrix"
 KINDS = ("s3", "http", "postgres", "kafka", "datetime")
@@ -80,17 +80,6 @@ def loosely_matches(kind: str, outcome: str, mode: str, got: dict[str, Any], wan
     )
 
 
-def put_batch(api_url: str, batch: str, state: str) -> None:
-    request = urllib.request.Request(
-        f"{api_url}/v1/batches/{batch}",
-        data=json.dumps({"state": state}).encode(),
-        method="PUT",
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_TOKEN}"},
-    )
-    with urllib.request.urlopen(request, timeout=10):
-        pass
-
-
 async def produce(bootstrap: str, *keys: str) -> None:
     from aiokafka import AIOKafkaProducer
 
@@ -117,8 +106,8 @@ def make_it_happen(show: Showcase, batch: str) -> None:
     s3 = s3_client(show)
     s3.put_object(Bucket=BUCKET, Key=f"matrix/{batch}-ready.csv", Body=b"1\n")
     s3.delete_bucket(Bucket=f"adk-{batch}")
-    put_batch(show.batch_api_url, f"{batch}-ready", "ready")
-    put_batch(show.batch_api_url, f"{batch}-failed", "failed")
+    set_batch(show.batch_api_url, f"{batch}-ready", "ready")
+    set_batch(show.batch_api_url, f"{batch}-failed", "failed")
     show.postgres.psql(
         "INSERT INTO etl.batch_markers (batch_id, status) "
         f"VALUES ('{batch}-ready', 'done'), ('{batch}-failed', 'failed')"
@@ -130,8 +119,8 @@ def make_it_happen(show: Showcase, batch: str) -> None:
 def matrix(showcase: Showcase) -> WatchedRun:
     show, airflow = showcase, showcase.airflow
     batch = f"m{uuid.uuid4().hex[:8]}"
-    put_batch(show.batch_api_url, f"{batch}-never", "pending")
-    put_batch(show.batch_api_url, f"{batch}-failed", "pending")
+    set_batch(show.batch_api_url, f"{batch}-never", "pending")
+    set_batch(show.batch_api_url, f"{batch}-failed", "pending")
     s3_client(show).create_bucket(Bucket=f"adk-{batch}")
     airflow.wait_for_dag(DAG_ID)
     # Successes and errors happen once their waits are seen deferred, the moment well after: an
