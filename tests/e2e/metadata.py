@@ -56,6 +56,16 @@ def query(dsn: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+def execute(dsn: str, sql: str, *args: Any) -> None:
+    """Run one statement and commit it."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(sql, args)
+    finally:
+        conn.close()
+
+
 def items_of(payload: Any) -> list[Any]:
     """What one asset event's payload carries: the items of an item event, else the payload itself."""
     if isinstance(payload, dict) and isinstance(payload.get("items"), list):
@@ -78,6 +88,17 @@ def running_triggerers(dsn: str) -> list[int]:
         f"AND latest_heartbeat > now() - interval '{HEARTBEAT_WITHIN} seconds' ORDER BY id",
     )
     return [int(row[0]) for row in rows]
+
+
+def outdate_heartbeat(dsn: str, job_id: int) -> None:
+    """Make a killed triggerer's job look dead to the others now, not a health-check threshold later.
+
+    What Airflow judges (``latest_heartbeat`` older than ``triggerer_health_check_threshold``) is
+    made true at once: the threshold can stay large enough that a live triggerer starved of CPU
+    on a busy machine is never taken for dead, and no test waits it out. Only for a job whose
+    process the test has seen exit.
+    """
+    execute(dsn, "UPDATE job SET latest_heartbeat = latest_heartbeat - interval '1 hour' WHERE id = %s", job_id)
 
 
 def watcher_holders(dsn: str) -> Counter[int | None]:

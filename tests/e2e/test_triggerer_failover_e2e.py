@@ -20,7 +20,7 @@ import pytest
 
 from scripts.airflow_local import LocalAirflow
 from tests.e2e.event_deployment import EventDeployment
-from tests.e2e.metadata import query, running_triggerers, wait_for
+from tests.e2e.metadata import outdate_heartbeat, query, running_triggerers, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,9 @@ T = TypeVar("T")
 @pytest.fixture
 def ha_airflow(event_airflow: EventDeployment) -> Iterator[tuple[LocalAirflow, str]]:
     deployment = event_airflow
-    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="6")
+    # Large enough that a live triggerer starved of CPU is never taken for dead; the killed one's
+    # heartbeat is made old at once instead (outdate_heartbeat).
+    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="30")
     deployment.install(DAG, START_DAG)
     try:
         yield deployment.airflow, deployment.dsn
@@ -69,6 +71,8 @@ def test_the_other_triggerer_adopts_the_trigger_of_a_killed_one(ha_airflow: tupl
     survivor = second_job if victim == first_job else first_job
     assert dt.datetime.now(dt.timezone.utc) < target - dt.timedelta(seconds=20), "too slow to test adoption"
     os.killpg(airflow.processes[process[victim]].pid, signal.SIGKILL)
+    airflow.processes[process[victim]].wait(timeout=30)
+    outdate_heartbeat(dsn, victim)
 
     def adopted() -> bool:
         rows = query(dsn, "SELECT t.triggerer_id FROM trigger t JOIN task_instance ti ON ti.trigger_id = t.id")
