@@ -15,7 +15,7 @@ from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, WaitSensor
 
 IN_TRIGGERER = {"start_from_trigger": True, "end_from_trigger": True, "poke_interval": 60, "timeout": 600}
 #: How long ``start_wait`` waits after the scheduler starts it.
-WAIT_SECONDS = 75
+WAIT_SECONDS = 50
 
 with DAG(dag_id="adk_e2e_start_ha", schedule=None, start_date=dt.datetime(2024, 1, 1), catchup=False):
     DateTimeSensor(task_id="start_datetime", target_time="{{ dag_run.conf['target'] }}", **IN_TRIGGERER)
