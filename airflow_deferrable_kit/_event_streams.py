@@ -12,6 +12,16 @@ stored, so a triggerer that dies never loses one.
 A :class:`Board` is where one group's producer and triggers meet in this process: the sequence
 numbers of the polled batches, which of them are stored (``clean_through``), and the cursors the
 triggers still need (a Postgres watcher far behind makes the shared query start lower).
+
+Airflow counts its ack timeout (``[triggerer] shared_stream_ack_timeout``, 300 s by default) from
+the moment a batch is broadcast, so nothing here holds a batch for long:
+
+* a subscriber fires **at most one event per batch** and moves on at once; what else a look
+  found waits in the subscriber's outbox, and the subscriber asks the producer for a batch when
+  the next event is due (:meth:`Board.want_batch`);
+* the producer sends a :data:`TICK` (a batch without a look) for that, and looks again only once
+  every subscriber moved past its previous batch (:meth:`Board.until_settled`), so batches never
+  pile up with their clocks running.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from airflow_deferrable_kit._asset_state import WatermarkStore
 from airflow_deferrable_kit._backoff import full_jitter
@@ -48,6 +58,17 @@ SAVE_RETRY_BASE, SAVE_RETRY_CAP = 0.5, 30.0
 JUDGING_BUDGET = 0.01
 #: What judging one unit (a row, a listed key) is assumed to cost before it has been measured.
 FIRST_UNIT_COST = 5e-6
+
+
+class Tick:
+    """A batch without a look: a chance for subscribers to fire the next event of their outbox."""
+
+    def __repr__(self) -> str:
+        return "TICK"
+
+
+#: The data of a batch the producer sends without looking (see :meth:`Board.want_batch`).
+TICK: Final = Tick()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,16 +97,56 @@ class Board:
         self.moved = asyncio.Event()
         #: When a subscriber last fired an event (the clock's time; the producer paces its looks).
         self.last_fired = -math.inf
+        #: The newest batch numbered so far, and the newest every subscriber is done with (any outcome).
+        self.issued = -1
+        self.settled_through = -1
+        self._settled = asyncio.Event()
+        #: When each subscriber with events waiting wants the next batch (the clock's time).
+        self._batch_wanted: dict[int, float] = {}
+        #: Set whenever a subscriber asks for a batch sooner than it asked before.
+        self.batch_wanted = asyncio.Event()
+        #: Set once a subscriber is built and filtering: a producer whose trigger could not be
+        #: built (a missing extra) waits for it before building its own (the fix is deployed).
+        self.subscriber_built = asyncio.Event()
 
     def next_seq(self) -> int:
-        return next(self._seq)
+        self.issued = next(self._seq)
+        return self.issued
 
     def resolved(self, seq: int, clean: bool) -> None:
         """The producer heard that batch ``seq`` is done with; ``clean``: every event stored."""
+        if seq > self.settled_through:
+            self.settled_through = seq
+            self._settled.set()
         if clean and seq > self.clean_through:
             self.clean_through = seq
             for listener in list(self._listeners):
                 listener()
+
+    async def until_settled(self) -> None:
+        """Until every subscriber is done with the newest batch: moved past it, its events stored.
+
+        Airflow fails a subscriber whose batch is not done with within its ack timeout, and a
+        failed or departed subscriber counts as done, so this wait is bounded by that timeout.
+        """
+        while self.settled_through < self.issued:
+            self._settled.clear()
+            await self._settled.wait()
+
+    # ------------------------------------------------------------------ subscribers' outboxes
+    def want_batch(self, owner: object, at: float) -> None:
+        """``owner`` has an event to fire at ``at`` (the clock's time): send a batch by then."""
+        earlier = at < self._batch_wanted.get(id(owner), math.inf)
+        self._batch_wanted[id(owner)] = at
+        if earlier:
+            self.batch_wanted.set()
+
+    def batch_not_wanted(self, owner: object) -> None:
+        self._batch_wanted.pop(id(owner), None)
+
+    def next_batch_wanted(self) -> float | None:
+        """When the earliest subscriber with an event waiting wants a batch (``None``: none waits)."""
+        return min(self._batch_wanted.values(), default=None)
 
     def fired(self, moment: float) -> None:
         """A subscriber fired an event at ``moment``."""
@@ -106,6 +167,7 @@ class Board:
 
     def drop(self, owner: object) -> None:
         self._cursors.pop(id(owner), None)
+        self._batch_wanted.pop(id(owner), None)
 
     def cursors(self) -> list[Any]:
         return list(self._cursors.values())
@@ -225,14 +287,22 @@ class Source(Protocol):
 class EventProducer(SharedStreamProducer):
     """The ack-mode producer of one shared stream: polls, numbers each batch, relays advances."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, *, late_key: Hashable | None = None) -> None:
         self._source = source
+        self._late_key = late_key
         self._board: Board | None = None
 
     async def open_stream(self) -> AsyncIterator[tuple[Raw, int]]:
         key = self._source.shared_stream_key()
+        if self._late_key is not None and self._late_key in _boards.get():
+            # Its subscriber could not be built when Airflow subscribed it, and this trigger
+            # could by the time the stream started (the fix deployed in between): the stream
+            # is the one Airflow made for the subscriber, under the key it had then.
+            key = self._late_key
         board = self._board = acquire_board(key)
         try:
+            if key == self._late_key:
+                await board.subscriber_built.wait()  # no batch before a subscriber can take it
             async for data in self._source.poll_forever(board):
                 seq = board.next_seq()
                 yield Raw(seq, data, board), seq
@@ -332,6 +402,7 @@ class Committer:
 
 
 __all__ = [
+    "TICK",
     "Board",
     "Committer",
     "EventProducer",

@@ -147,8 +147,10 @@ def _cut_marker(cut: int) -> str:
 
 
 def json_size(value: Any) -> int:
-    """Bytes of ``value`` as compact, ASCII-escaped JSON: an upper bound on what Airflow stores."""
-    return len(json.dumps(value, separators=(",", ":")))
+    """Bytes of ``value`` as Airflow's JSON columns store it: ``json.dumps`` with its default
+    separators (a space after each ``,`` and ``:``) and non-ASCII escaped. Compact JSON would
+    undercount a payload of many small values by several per cent."""
+    return len(json.dumps(value))
 
 
 #: Bytes kept free for the ``truncated`` report itself while a payload is being fitted.
@@ -237,7 +239,7 @@ def _cut(part: _Part, excess: int) -> dict[str, Any]:
     room = max(size - excess, 2)
     kept, used = 0, 2
     for item in items:
-        used += json_size(item) + 1
+        used += json_size(item) + 2  # ", " between items
         if used > room:
             break
         kept += 1

@@ -843,14 +843,16 @@ def holds_template(value: Any) -> bool:
 
 
 #: The module of Airflow's trigger runner (``TriggerRunner.create_triggers`` builds triggers).
-_TRIGGER_RUNNER_MODULE: Final = "airflow.jobs.triggerer_job_runner"
+#: Airflow's modules that build triggers in the triggerer: the runner builds each trigger, and a
+#: shared stream builds its producer's trigger (``create_shared_stream_producer``) in its own task.
+_TRIGGER_RUNNER_MODULES: Final = ("airflow.jobs.triggerer_job_runner", "airflow.triggers.shared_stream")
 
 
 def _built_by_trigger_runner() -> bool:
     """Whether Airflow's trigger runner is on the stack (asked only after a constructor failed)."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        if frame.f_globals.get("__name__") == _TRIGGER_RUNNER_MODULE:
+        if frame.f_globals.get("__name__") in _TRIGGER_RUNNER_MODULES:
             return True
         frame = frame.f_back
     return False

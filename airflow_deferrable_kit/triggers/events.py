@@ -33,6 +33,7 @@ import datetime as dt
 import importlib
 import json
 import math
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
@@ -42,6 +43,7 @@ from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._asset_state import WatermarkStore, watermark_key
 from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._event_streams import (
+    TICK,
     Board,
     Committer,
     EventProducer,
@@ -117,23 +119,74 @@ def event_payload(data: Mapping[str, Any]) -> dict[str, Any]:
 def item_events(items: Sequence[dict[str, Any]], limit: int = MAX_EVENT_BYTES) -> list[dict[str, Any]]:
     """The payloads of the events that carry ``items``: ``{"items": [...], "count": n}``, in order.
 
-    As many items as fit ``limit`` bytes go into one event (at least one, each already cut to
-    the kit's payload size), so a look that found a thousand small objects is one asset event,
-    which one DAG run consumes whole.
+    As many items as fit ``limit`` bytes as stored (:func:`~airflow_deferrable_kit.payload.json_size`,
+    the envelope included) go into one event (at least one, each already cut to the kit's payload
+    size), so a look that found a thousand small objects is one asset event, which one DAG run
+    consumes whole.
     """
     events: list[dict[str, Any]] = []
     chunk: list[dict[str, Any]] = []
-    size = 0
+    size = envelope = json_size({"items": [], "count": len(items)})
     for item in items:
-        item_size = json_size(item) + 1
+        item_size = json_size(item) + 2  # ", " between items
         if chunk and size + item_size > limit:
             events.append({"items": chunk, "count": len(chunk)})
-            chunk, size = [], 0
+            chunk, size = [], envelope
         chunk.append(item)
         size += item_size
     if chunk:
         events.append({"items": chunk, "count": len(chunk)})
     return events
+
+
+#: An outbox entry whose look left the watermark as it was.
+UNCHANGED: Final = object()
+
+
+class Outbox:
+    """One watcher's events found and not fired yet, each look's watermark after its last event.
+
+    A look's watermark may be saved only once every event it found is stored: a state reached
+    is handed on (:meth:`take`) with the event that completes its look, or at once when the
+    look found nothing.
+    """
+
+    def __init__(self) -> None:
+        self._entries: deque[tuple[dict[str, Any] | None, Any]] = deque()
+        self.last_fired = -math.inf
+
+    def __bool__(self) -> bool:
+        return any(payload is not None for payload, _ in self._entries)
+
+    def add(self, events: Sequence[dict[str, Any]], state: Any) -> None:
+        """A look's events, in order, and the watermark that covers them all (or :data:`UNCHANGED`)."""
+        for payload in events[:-1]:
+            self._entries.append((payload, UNCHANGED))
+        self._entries.append((events[-1] if events else None, state))
+
+    def next_due(self, now: float, interval: float) -> float | None:
+        """``None`` when something can be handed on now, else when the next event may fire."""
+        if not self._entries or self._entries[0][0] is None:
+            return None
+        at = self.last_fired + interval
+        return None if at <= now else at
+
+    def take(self) -> tuple[dict[str, Any] | None, list[Any]]:
+        """The next event (``None``: only watermarks are due), and the watermarks it completes."""
+        payload = None
+        reached = []
+        if self._entries and self._entries[0][0] is not None:
+            payload, state = self._entries.popleft()
+            if state is not UNCHANGED:
+                reached.append(state)
+        while self._entries and self._entries[0][0] is None:
+            _, state = self._entries.popleft()
+            if state is not UNCHANGED:
+                reached.append(state)
+        return payload, reached
+
+    def fired(self, moment: float) -> None:
+        self.last_fired = moment
 
 
 def utc_now() -> str:
@@ -161,6 +214,12 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
     fires_items: ClassVar[bool] = False
     #: Parameters of the subclass that say how to look, not what: not part of the watermark key.
     tuning_parameters: ClassVar[tuple[str, ...]] = ()
+    #: The items one event carries at most, in bytes as stored (:func:`item_events`).
+    max_event_bytes: ClassVar[int] = MAX_EVENT_BYTES
+    #: A watcher built late keeps the stream key Airflow subscribed it with, and its built self.
+    #: Typed by comments, not annotations, so that they are no dataclass fields (no kwargs).
+    _pinned_key = None  # type: Hashable | None
+    _late_source = None  # type: EventTrigger | None
 
     def __post_init__(self) -> None:
         self.asset_state_store: Any = None  # injected by the triggerer before the trigger runs
@@ -184,6 +243,10 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         return tuple(name for name in super().parameter_names() if name not in WAIT_ONLY)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
+        if self._unbuilt is not None:
+            # As it was given: Airflow builds the stream's producer from these, and its stream
+            # key (made of them, see shared_stream_key) must be this trigger's.
+            return f"{type(self).__module__}.{type(self).__qualname__}", dict(self._build_kwargs)
         classpath, kwargs = super().serialize()
         if kwargs.get("min_event_interval") == MIN_EVENT_INTERVAL:
             # The default is left out: Airflow identifies a watcher by a hash of its kwargs, and
@@ -248,8 +311,12 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         return watermark_key(type(self).__name__, identity)
 
     def shared_stream_key(self) -> Hashable | None:
+        if self._pinned_key is not None:
+            return self._pinned_key  # built late: it stays in the stream Airflow subscribed it to
         if self._unbuilt is not None:
-            return None  # alone, in run(), until it can be built
+            # A stream of its own until it can be built, in ack mode like any other: its
+            # watermark follows storage from its first event (see _late_filter, _late_poll).
+            return self.unbuilt_stream_key(self._build_kwargs)
         identity = json.dumps(self.stream_identity(), sort_keys=True, separators=(",", ":"))
         return (
             "airflow_deferrable_kit",
@@ -260,11 +327,26 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         )
 
     @classmethod
+    def unbuilt_stream_key(cls, kwargs: Mapping[str, Any]) -> Hashable:
+        """The stream key of a watcher of ``kwargs`` that could not be built when Airflow subscribed it."""
+        identity = json.dumps(kwargs, sort_keys=True, separators=(",", ":"), default=repr)
+        return ("airflow_deferrable_kit", f"{cls.__module__}.{cls.__qualname__}", "unbuilt", identity)
+
+    @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> EventProducer:
-        return EventProducer(cls(**kwargs))
+        return EventProducer(cls(**kwargs), late_key=cls.unbuilt_stream_key(kwargs))
 
     async def poll_forever(self, board: Board) -> AsyncIterator[Any]:
-        """Poll, yield, sleep, for ever: errors back off and are logged, never raised."""
+        """Poll, yield, sleep, for ever: errors back off and are logged, never raised.
+
+        Between two looks it yields a :data:`TICK` whenever a subscriber has an event waiting
+        (see :meth:`filter_shared_stream`), and it yields nothing, look or tick, until every
+        subscriber is done with the previous batch (:meth:`Board.until_settled`).
+        """
+        if self._unbuilt is not None:
+            async for data in self._late_poll(board):
+                yield data
+            return
         self.log.info("Watching %s (every %ss)", self.describe(), self.poll_interval)
         failures = 0
         # Groups started together (a triggerer starting, a deployment) would poll together for
@@ -272,6 +354,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         # is shortened by a random part of one interval, as the waits' is.
         phased = not self.spread_polls
         while True:
+            await board.until_settled()
             # Items: no look sooner than min_event_interval after the group's last event, so what
             # appears meanwhile is found by one look and is one event (see filter_shared_stream).
             # Edges are looked at every poll_interval (a look skipped could miss one); only the
@@ -279,6 +362,9 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             pause = board.last_fired + float(self.min_event_interval) - self.clock.time()
             if self.fires_items and pause > 0:
                 await self.clock.sleep(pause)
+            if self._batch_due(board):
+                yield TICK
+                continue
             started = asyncio.get_running_loop().time()
             await self.clock.sleep(0)  # a turn: groups started together poll a few per loop turn
             try:
@@ -287,7 +373,9 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
                 raise
             except Exception as exc:
                 failures += 1
-                await self._sleep(board, self._failure_delay(failures, self.classify_error(exc)), started)
+                delay = self._failure_delay(failures, self.classify_error(exc))
+                async for tick in self._ticks_until_look(board, delay, started):
+                    yield tick
                 continue
             if failures:
                 self.log.info("%s: recovered after %d failed poll(s)", self.describe(), failures)
@@ -301,7 +389,25 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             if not phased:
                 phased = True
                 delay = self.phase(delay)
-            await self._sleep(board, delay, started, extra=extra)
+            async for tick in self._ticks_until_look(board, delay, started, extra):
+                yield tick
+
+    def _batch_due(self, board: Board) -> bool:
+        wanted = board.next_batch_wanted()
+        return wanted is not None and wanted <= self.clock.time()
+
+    async def _ticks_until_look(
+        self, board: Board, delay: float, started: float, extra: Sequence[asyncio.Event] = ()
+    ) -> AsyncIterator[Any]:
+        """The ticks subscribers want during the ``delay`` before the next look."""
+        end = self.clock.time() + delay
+        while True:
+            await board.until_settled()
+            if self._batch_due(board):
+                yield TICK
+                continue
+            if await self._sleep(board, end - self.clock.time(), started, extra):
+                return
 
     def _failure_delay(self, failures: int, error: WaitError) -> float:
         if isinstance(error, TransientError):
@@ -318,27 +424,74 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         )  # fmt: skip
         return delay
 
-    async def _sleep(self, board: Board, delay: float, started: float, extra: Sequence[asyncio.Event] = ()) -> None:
-        """Sleep ``delay``, unless the board or a wake event asks for a poll sooner."""
+    async def _sleep(self, board: Board, delay: float, started: float, extra: Sequence[asyncio.Event] = ()) -> bool:
+        """Sleep ``delay``, unless the board or a wake event asks for a poll sooner: ``True``.
+
+        ``False``: woken before that because a subscriber wants a batch (it has an event due).
+        """
         wakers = [board.poke, *self.wake_events(), *extra]
         if not any(event.is_set() for event in wakers):
-            sleeper = asyncio.ensure_future(self.clock.sleep(delay))
-            waiters = [asyncio.ensure_future(event.wait()) for event in wakers]
+            board.batch_wanted.clear()
+            wanted = board.next_batch_wanted()
+            nap = delay if wanted is None else min(delay, wanted - self.clock.time())
+            sleeper = asyncio.ensure_future(self.clock.sleep(max(nap, 0.0)))
+            waiters = [asyncio.ensure_future(event.wait()) for event in (*wakers, board.batch_wanted)]
             try:
                 await asyncio.wait({sleeper, *waiters}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for task in (sleeper, *waiters):
                     task.cancel()
                 await asyncio.gather(sleeper, *waiters, return_exceptions=True)
+            slept = sleeper.done() and not sleeper.cancelled()
+            if not any(event.is_set() for event in wakers) and not (slept and nap >= delay):
+                return False  # a subscriber's batch is due (or it wants one sooner) before the look
         if any(event.is_set() for event in wakers):
             gap = started + MIN_WAKE_GAP - asyncio.get_running_loop().time()
             if gap > 0:
                 await self.clock.sleep(gap)
             for event in wakers:
                 event.clear()
+        return True
+
+    async def _late_poll(self, board: Board) -> AsyncIterator[Any]:
+        """The producer of a watcher that could not be built: polls once its subscriber is built.
+
+        Building is retried by the subscriber (with backoff, logging why); the producer waits for
+        it rather than retrying on its own schedule, then builds and polls as any producer.
+        """
+        key = self.shared_stream_key()
+        await board.subscriber_built.wait()
+        source = await self._until_built()
+        source._pinned_key = key
+        self._late_source = source
+        async for data in source.poll_forever(board):
+            yield data
+
+    async def _late_filter(self, shared_stream: AsyncIterator[Any]) -> AsyncGenerator[TriggerEvent, None]:
+        """A watcher that could not be built: tries again with backoff, then filters as one built at once."""
+        key = self.shared_stream_key()
+        board = acquire_board(key)  # held from the start: the producer finds it (EventProducer)
+        try:
+            built = await self._until_built()
+            built._pinned_key = key
+            self._late_source = built
+            async with contextlib.aclosing(built.filter_shared_stream(shared_stream)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            release_board(board)
+
+    async def release(self) -> None:
+        if self._late_source is not None:
+            await self._late_source.release()
+        await super().release()
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncGenerator[TriggerEvent, None]:
         """This trigger's events from the group's looks, its watermark saved behind storage."""
+        if self._unbuilt is not None:
+            async for event in self._late_filter(shared_stream):
+                yield event
+            return
         store = WatermarkStore(self.asset_state_store, self.watermark_key())
         if not store.durable:
             self.log.warning(
@@ -349,36 +502,51 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         state = await self._load(store)
         board = acquire_board(self.shared_stream_key())
         committer = Committer(store, board, describe=self.describe())
-        last_fired = -math.inf
+        outbox = Outbox()
+        board.subscriber_built.set()
         try:
             self.follow(board, state)
             gate = judging_gate()
             async for raw in shared_stream:
-                # The watchers of one look judge it a few per loop iteration (JudgingGate), so
-                # a thousand of them never hold the loop for the sum of their work.
-                units = self.judging_units(raw.data)
-                started = await gate.enter(units)
-                try:
-                    derived = await self._derive(raw, state)
-                finally:
-                    gate.leave(units, started)
-                if derived is None:
-                    continue
-                payloads, new_state = derived
-                for payload in item_events(payloads) if self.fires_items else payloads:
-                    # Spaced: an event stored while the run the previous one queued is not
-                    # created yet would join no run until another event came.
-                    pause = last_fired + float(self.min_event_interval) - self.clock.time()
-                    if pause > 0:
-                        await self.clock.sleep(pause)
-                    yield TriggerEvent(payload)
-                    last_fired = self.clock.time()
-                    board.fired(last_fired)
-                if new_state != state:
-                    state = new_state
-                    committer.stage(raw.seq, state)
-                    self.follow(board, state)
+                # A look is judged only once everything the previous ones found is fired: what
+                # this watcher holds in memory stays one look's worth, and what it skips is
+                # found again by the next look (its watermark has not moved past it).
+                if raw.data is not TICK and not outbox:
+                    # The watchers of one look judge it a few per loop iteration (JudgingGate),
+                    # so a thousand of them never hold the loop for the sum of their work.
+                    units = self.judging_units(raw.data)
+                    started = await gate.enter(units)
+                    try:
+                        derived = await self._derive(raw, state)
+                    finally:
+                        gate.leave(units, started)
+                    if derived is not None:
+                        payloads, new_state = derived
+                        events = item_events(payloads, self.max_event_bytes) if self.fires_items else payloads
+                        outbox.add(events, new_state if new_state != state else UNCHANGED)
+                        if new_state != state:
+                            state = new_state
+                            self.follow(board, state)
+                # At most one event per batch, then on to the next at once: Airflow's ack timeout
+                # runs from each batch's broadcast, so this batch is done with in a sync round
+                # however much the look found. The rest waits here, and the producer sends a
+                # batch (a tick, if no look is due) when the next is due.
+                due = outbox.next_due(self.clock.time(), float(self.min_event_interval))
+                if due is None:
+                    payload, reached = outbox.take()
+                    if payload is not None:
+                        yield TriggerEvent(payload)
+                        outbox.fired(self.clock.time())
+                        board.fired(outbox.last_fired)
+                    for covered in reached:  # the watermark of what is now fired (stored with this batch)
+                        committer.stage(raw.seq, covered)
+                    due = outbox.next_due(self.clock.time(), float(self.min_event_interval))
+                if outbox:
+                    board.want_batch(self, self.clock.time() if due is None else due)
+                else:
+                    board.batch_not_wanted(self)
         finally:
+            board.batch_not_wanted(self)
             await committer.close()
             self.unfollow(board)
             release_board(board)
@@ -580,7 +748,9 @@ class ConditionEventTrigger(EdgeEventTrigger):
         return self._wait.classify_error(exc)
 
     async def release(self) -> None:
-        await self._wait.release()
+        wait = getattr(self, "_wait", None)  # none when it could not be built
+        if wait is not None:
+            await wait.release()
         await super().release()
 
 
@@ -615,6 +785,10 @@ def build_wait(classpath: str, params: Any) -> PollingTrigger:
         wait: PollingTrigger = wait_class(**params)
     except TypeError as exc:  # a missing or unknown parameter
         raise ValueError(f"wait_params do not fit {classpath}: {exc}") from exc
+    if wait._unbuilt is not None:
+        # Built in the triggerer, the wait keeps its own failure (a missing extra, a bad value) to
+        # end with it; a watcher of it cannot run at all: it is not built either, and says why.
+        raise ValueError(f"its wait {classpath}: {wait._unbuilt.message}")
     return wait
 
 

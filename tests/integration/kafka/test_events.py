@@ -226,7 +226,7 @@ async def test_a_restart_neither_repeats_stored_events_nor_skips_what_arrived_wh
 
 
 def _saved_offsets(store: Any) -> dict[str, int] | None:
-    [envelope] = [value for key, value in store.values.items() if "KafkaMessageEventTrigger" in key] or [None]
+    [envelope] = list(store.values.values()) or [None]  # the one watcher's watermark
     if envelope is None:
         return None
     [(_, partitions)] = envelope["state"]["offsets"].items()
@@ -446,3 +446,30 @@ async def test_a_watcher_of_two_topics_restarts_on_both_from_its_watermark(boots
         await watch.wait_for_items(3)
         await quiet()
     assert sorted(p["value"]["n"] for p in watch.items) == [2, 3, 4]
+
+
+class SmallEventsTrigger(KafkaMessageEventTrigger):
+    """Events of 2 KiB at most (a few messages each): a catch-up of a few hundred messages is
+    dozens of events, as a busy topic's is at the defaults."""
+
+    max_event_bytes = 2 * 1024
+
+
+async def test_a_catch_up_of_many_events_never_meets_the_ack_timeout_nor_fires_a_message_twice(
+    bootstrap: str, kafka_conn: str, topic: str
+) -> None:
+    # 300 retained messages read with backfill: about 60 events. Fired 0.05 s apart inside their
+    # batches they outran the ack timeout (scaled down to 0.5 s), and the watcher, re-created,
+    # read and fired them all again. Now one event per batch; the rest is read again later.
+    made = await produce(bootstrap, topic, *(Message({"n": i, "pad": "p" * 300}, partition=i % 3) for i in range(300)))
+    trigger = SmallEventsTrigger(
+        topics=[topic], kafka_conn_id=kafka_conn, poll_interval=FAST, min_event_interval=0.05, backfill=True
+    )
+    async with WatcherHarness(ack_timeout=0.5) as triggerer:
+        watch = await triggerer.start(trigger)
+        await watch.wait_for_items(300, timeout=90)
+        await eventually(lambda: _saved_offsets(watch.stores["asset"]) == _next_offsets(made), timeout=20)
+        await quiet()  # an ack timeout still pending would fail the watcher now
+        assert watch.task is not None and not watch.task.done()
+    assert coordinates(watch) == sorted(made) and len(watch.items) == 300  # each message once
+    assert len(watch.events) >= 30

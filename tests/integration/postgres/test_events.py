@@ -18,6 +18,7 @@ from airflow.sdk import Asset, AssetWatcher
 
 from airflow_deferrable_kit._event_streams import live_boards
 from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.payload import json_size
 from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import WatcherHarness
 from airflow_deferrable_kit.triggers.postgres_events import PostgresRowEventTrigger
@@ -342,3 +343,82 @@ async def test_a_watcher_stuck_on_a_row_never_holds_back_another_watcher_of_the_
     assert ids(watches[0].items) == list(range(1, 32))
     assert ids(watches[1].items) == list(range(1, 32))
     assert held_keys() == {} and live_boards() == {}
+
+
+# ---------------------------------------------------------------------------- sustained flow
+#: Airflow's ``[triggerer] shared_stream_ack_timeout`` (300 s) and the spacing (5 s), scaled down.
+ACK_TIMEOUT, SPACING = 2.0, 0.25
+
+
+def _saved_cursor(watch: Any) -> Any:
+    """The cursor of the watermark saved in the watcher's asset state store (``None``: none)."""
+    saved = list(watch.stores["asset"].values.values())  # the watcher's one watermark
+    return saved[0]["state"]["cursor"] if saved else None
+
+
+class SmallEventsTrigger(PostgresRowEventTrigger):
+    """Events of 8 KiB at most: a sustained flow of ten events' worth per interval stays small."""
+
+    max_event_bytes = 8 * 1024
+
+
+async def test_a_look_of_many_events_never_meets_the_ack_timeout_and_its_watermark_is_saved(
+    conn_id: str, admin: asyncpg.Connection, loads: str
+) -> None:
+    # 200 rows of ~500 bytes in one look: about 14 events of 8 KiB. Fired 0.25 s apart inside one
+    # batch they took 3.5 s, past the ack timeout: the watcher was failed before its watermark
+    # was saved, re-created by the triggerer, and fired the whole look again, for ever. (At the
+    # defaults: a look of more than ~60 events of 512 KiB.)
+    await insert(admin, loads, *["big"] * 200, meta=json.dumps({"blob": "x" * 400}))
+    trigger = SmallEventsTrigger(
+        postgres_conn_id=conn_id, table=loads, order_column="id", poll_interval=FAST, min_event_interval=SPACING,
+        backfill=True,
+    )  # fmt: skip
+    async with WatcherHarness(ack_timeout=ACK_TIMEOUT) as triggerer:
+        watch = await triggerer.start(trigger)
+        await watch.wait_for_items(200, timeout=60)
+        await until(lambda: _saved_cursor(watch) == [200], timeout=10)
+        await quiet(ACK_TIMEOUT)  # an ack timeout still pending would fail the watcher now
+        assert watch.task is not None and not watch.task.done()
+    assert sorted(ids(watch.items)) == list(range(1, 201)) and len(watch.items) == 200  # each row once
+    assert len(watch.events) >= 10 and all(json_size(p) <= SmallEventsTrigger.max_event_bytes for p in watch.payloads)
+
+
+class TinyEventsTrigger(PostgresRowEventTrigger):
+    """Events of 2 KiB at most (about three rows): a flow of ten events' worth per interval is a
+    few hundred rows a second."""
+
+    max_event_bytes = 2 * 1024
+
+
+async def test_a_sustained_flow_ten_times_the_event_rate_never_meets_the_ack_timeout_nor_fires_twice(
+    conn_id: str, admin: asyncpg.Connection, loads: str
+) -> None:
+    # About ten events' worth of rows every interval for three ack timeouts (scaled down to 0.5 s
+    # and 0.05 s): the old watcher fired each look's ten events inside its batch and was failed
+    # at the first. Now it fires one event per interval while the rest waits upstream, and
+    # drains the backlog at that rate once the flow stops.
+    ack_timeout, spacing = 0.5, 0.05
+    trigger = TinyEventsTrigger(
+        postgres_conn_id=conn_id, table=loads, order_column="id", poll_interval=spacing, min_event_interval=spacing
+    )
+    async with WatcherHarness(ack_timeout=ack_timeout) as triggerer:
+        watch = await triggerer.start(trigger)
+        await until(lambda: watch.stores["asset"].writes >= 1, timeout=10)  # the starting point
+        made = 0
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 3 * ack_timeout
+        while loop.time() < end:
+            await insert(admin, loads, *["flow"] * 30, meta=json.dumps({"blob": "y" * 200}))
+            made += 30
+            await asyncio.sleep(spacing)
+            assert watch.task is not None and not watch.task.done(), watch.task.result()
+        behind = made - len(watch.items)
+        await watch.wait_for_items(made, timeout=60)  # drained, one event per interval
+        await until(lambda: _saved_cursor(watch) == [made], timeout=10)
+        await quiet(ack_timeout)
+        assert not watch.task.done()
+    assert sorted(ids(watch.items)) == list(range(1, made + 1)) and len(watch.items) == made  # each once
+    assert behind > made // 2, (behind, made)  # the flow did outrun the watcher: the backlog was real
+    assert all(json_size(p) <= TinyEventsTrigger.max_event_bytes for p in watch.payloads)
+    print(f"\n{made} rows in {len(watch.events)} events; {behind} behind when the flow stopped")

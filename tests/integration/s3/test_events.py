@@ -278,3 +278,32 @@ async def test_the_seen_set_is_capped_without_making_anything_new_again() -> Non
     assert again == []  # nothing forgotten became new
     events, _ = await trigger.derive(listing([*many, ("in/zzz", at(10_000))]), state)
     assert keys(events) == ["in/zzz"]
+
+
+class SmallEventsTrigger(S3KeyEventTrigger):
+    """Events of 2 KiB at most (about six objects each): a backfill of a few hundred objects is
+    dozens of events, as a prefix of a hundred thousand is at the defaults."""
+
+    max_event_bytes = 2 * 1024
+
+
+async def test_a_backfill_of_many_events_never_meets_the_ack_timeout_and_its_watermark_is_saved(
+    admin: Any, bucket: str, moto_conn: str
+) -> None:
+    # 300 objects in one listing: about 50 events. Fired 0.05 s apart inside one batch they took
+    # 2.5 s, five ack timeouts (scaled down to 0.5 s): the watcher was failed before its
+    # watermark was saved and, re-created, fired the whole backfill again, for ever.
+    await put_many(admin, bucket, [f"in/{i:03d}.csv" for i in range(300)])
+    trigger = SmallEventsTrigger(
+        bucket_key=f"s3://{bucket}/in/*.csv", aws_conn_id=moto_conn, wildcard_match=True, poll_interval=FAST,
+        min_event_interval=0.05, backfill=True,
+    )  # fmt: skip
+    async with WatcherHarness(ack_timeout=0.5) as triggerer:
+        watch = await triggerer.start(trigger)
+        await watch.wait_for_items(300, timeout=60)
+        store = watch.stores["asset"]
+        await settle(lambda: any(len(v["state"]["seen"]) == 300 for v in store.values.values()))
+        await quiet()  # an ack timeout still pending would fail the watcher now
+        assert watch.task is not None and not watch.task.done()
+    assert sorted(keys(watch.items)) == [f"in/{i:03d}.csv" for i in range(300)]  # each object once
+    assert len(watch.items) == 300 and len(watch.events) >= 30

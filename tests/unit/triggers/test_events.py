@@ -20,7 +20,7 @@ from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import WatcherHarness
 from airflow_deferrable_kit.triggers.base import deadline_after
-from airflow_deferrable_kit.triggers.events import ConditionEventTrigger, EventTrigger
+from airflow_deferrable_kit.triggers.events import MAX_EVENT_BYTES, ConditionEventTrigger, EventTrigger, item_events
 from tests import REPO
 from tests.unit.event_sample import CHECKS, SWITCHES, SwitchTrigger
 
@@ -347,3 +347,31 @@ async def test_watchers_judging_one_look_take_turns_instead_of_holding_the_loop(
     tick.cancel()
     assert late[0] < 0.1  # alone in one iteration it would be 0.4 s
     assert 1e-6 < gate.unit_cost < 1e-5  # it learned what a unit costs
+
+
+def test_an_event_of_items_fits_its_limit_as_airflows_json_column_stores_it() -> None:
+    # Many small values: Airflow stores ``json.dumps`` with a space after every "," and ":", so
+    # events cut to 512 KiB of compact JSON were up to 536,393 bytes in the metadata database.
+    items = [{"key": f"in/{i:06d}.csv", "size": i, "etag": "e"} for i in range(60_000)]
+    events = item_events(items)
+    assert [item for event in events for item in event["items"]] == items and len(events) > 1
+    sizes = [len(json.dumps(event)) for event in events]
+    assert max(sizes) <= MAX_EVENT_BYTES and min(sizes[:-1]) > 0.95 * MAX_EVENT_BYTES, sizes
+    assert all(event["count"] == len(event["items"]) for event in events)
+
+
+async def test_no_look_while_a_batch_is_not_done_with_so_batches_never_pile_up_against_the_ack_timeout() -> None:
+    # Airflow's ack timeout runs from each batch's broadcast: batches looked at while an earlier
+    # one waits to be stored would queue up with their clocks running. The producer waits.
+    name = switch("off")
+    triggerer = WatcherHarness(auto_store=False)
+    async with triggerer:
+        watch = await triggerer.start(watcher(name))
+        await eventually(lambda: CHECKS.get(name, 0) >= 3)  # looking every poll interval (FAST)
+        SWITCHES[name] = "on"
+        await watch.wait_for_events(1)
+        looks = CHECKS[name]
+        await quiet(20 * FAST)
+        assert CHECKS[name] == looks  # fired, not stored: no further look
+        assert triggerer.store_events() == 1
+        await eventually(lambda: CHECKS[name] >= looks + 3)  # stored: looking again

@@ -191,6 +191,46 @@ async def test_a_watcher_whose_wait_module_is_deployed_later_starts_firing(
             break
         await asyncio.sleep(0.05)
     assert fired and fired[0]["name"] == "late", fired
+    # Built late, it still runs in a shared stream in ack mode: each event is bound to the batch
+    # it came from, so its watermark is saved only once the event is stored (not when fired).
+    entries = [e for e in runner.events if e.trigger_id == 1]
+    assert entries and all(e.persist_seq is not None for e in entries), entries
+    assert any("unbuilt" in map(str, key) for key in runner._shared_streams._groups)
+
+
+@pytest.mark.parametrize("module", sorted(EXTRA_MODULES))
+async def test_a_watcher_of_a_wait_whose_extra_is_missing_keeps_trying_with_the_pip_command(
+    runner: Any, module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wait.as_event_trigger()`` on a triggerer without the wait's extra: the watcher is not
+    built either, says so with the pip command, and tries again with backoff (it used to be
+    built around a broken wait, die at its first look and be re-created at every sync)."""
+    [name, *_] = [n for n in WAITS if module in wait_class(n).extra_modules and not n.endswith("EventTrigger")]
+    watcher_form = wait_class(name)(**EXAMPLES[name]).as_event_trigger()  # HTTP's has a class of its own
+    classpath, kwargs = watcher_form.serialize()
+    monkeypatch.setattr(event_triggers, "UNBUILT_RETRY_BASE", 0.01)
+    monkeypatch.setattr(event_triggers, "UNBUILT_RETRY_CAP", 0.05)
+    reasons: list[str] = []
+    not_built = PollingTrigger._not_built
+
+    def spy(self: PollingTrigger, exc: Exception, kwargs: dict[str, Any]) -> None:
+        not_built(self, exc, kwargs)
+        assert self._unbuilt is not None
+        reasons.append(self._unbuilt.message)
+
+    monkeypatch.setattr(PollingTrigger, "_not_built", spy)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(extras.importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    await build(runner, [healthy_alarm(1), workload(2, classpath, kwargs)])
+    assert list(runner.failed_triggers) == []
+    assert (await finished(runner, [1]))[1]["status"] == "success"
+    await asyncio.sleep(0.3)
+    assert not runner.triggers[2]["task"].done()  # still trying, with backoff; nothing fired
+    assert [e for e in runner.events if e.trigger_id == 2] == []
+    pip = f'pip install "airflow-deferrable-kit[{EXTRA_MODULES[module]}]"'
+    watcher = [r for r in reasons if r.startswith(f"{type(watcher_form).__name__} could not be built")]
+    assert watcher and all(pip in reason for reason in watcher), reasons
+    assert 3 <= len(watcher) < 100, len(watcher)
 
 
 def test_outside_the_runner_the_constructor_still_refuses_bad_input_at_parse() -> None:
