@@ -48,7 +48,7 @@ from typing import Any, Final
 
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError
-from airflow_deferrable_kit.payload import Found, cap_value
+from airflow_deferrable_kit.payload import Found, PayloadError, cap_value, json_safe
 
 STATES: Final = ("success", "failure", "retry")
 COMPARATORS: Final = ("equals", "in", "exists")
@@ -414,6 +414,8 @@ class Verdict:
     state: str
     decided_by: dict[str, Any] | None = None
     observed: dict[str, Any] = field(default_factory=dict)
+    #: What the predicate returned, as it returned it (``None`` when no predicate decided).
+    returned: Any = None
 
     def explain(self) -> str:
         """One line for messages: ``path state equals 'failed' (saw 'failed')``."""
@@ -521,7 +523,7 @@ class ConditionSet:
         }
         if candidate is not None:
             decided_by["candidate"] = candidate.as_dict()
-        return Verdict(state, decided_by)
+        return Verdict(state, decided_by, returned=returned)
 
     async def evaluate(self, value_of: Callable[[Acceptor], Any], subject: Callable[[], Any]) -> Verdict:
         """Apply the whole rule to one subject (a response, a row, a message).
@@ -564,6 +566,16 @@ def settle(state: str, data: Mapping[str, Any], failure: Callable[[], str]) -> F
     if state == "retry":
         return None
     raise ValueError(f"not a final verdict state: {state!r}")
+
+
+def answer_as_data(value: Any) -> Any:
+    """A predicate's answer as JSON data, for payloads that carry it (the official Kafka triggers
+    fire the ``apply_function``'s answer itself): the value when JSON can hold it (bytes as
+    base64, dates as ISO text, as every payload), else its ``repr``, cut."""
+    try:
+        return json_safe(value)
+    except PayloadError:
+        return _short_repr(value)
 
 
 def _short_repr(value: Any) -> str:

@@ -63,7 +63,15 @@ from airflow_deferrable_kit._kafka.offsets import CommittedOffsets, resolve_star
 from airflow_deferrable_kit._kafka.reader import ConnectionReader
 from airflow_deferrable_kit._kafka.settings import load_options
 from airflow_deferrable_kit._moments import to_epoch_ms
-from airflow_deferrable_kit.conditions import ConditionSet, Decision, capped_decision, import_predicate, settle
+from airflow_deferrable_kit.conditions import (
+    MISSING,
+    ConditionSet,
+    Decision,
+    answer_as_data,
+    capped_decision,
+    import_predicate,
+    settle,
+)
 from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError
 from airflow_deferrable_kit.payload import Found
 from airflow_deferrable_kit.triggers.base import PollingTrigger, paced_alarm
@@ -421,6 +429,7 @@ class KafkaMessageTrigger(PollingTrigger):
     async def _settle(self, message: KafkaMessage, kind: str, decision: Decision | None) -> Found | None:
         """Turn a delivered message into the outcome: run the predicate if needed, then decide."""
         matched = capped_decision(None if decision is None else decision.as_dict(), MAX_ACTUAL_CHARS)
+        returned: Any = MISSING
         if kind == PREDICATE:
             try:
                 verdict = await self._conditions.judge(
@@ -433,7 +442,12 @@ class KafkaMessageTrigger(PollingTrigger):
                 return None
             kind = SUCCESS if verdict.state == "success" else FAILURE
             matched = capped_decision(verdict.decided_by or {}, MAX_ACTUAL_CHARS)
+            returned = verdict.returned
         data = self._payload(message, matched)
+        if returned is not MISSING:
+            # The answer itself, as data: what the official triggers fire as their event (an
+            # apply_function's dict is a dict here, not its repr in matched.returned).
+            data["returned"] = answer_as_data(returned)
         return settle(
             kind,
             data,

@@ -93,7 +93,8 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
 
     Each event's payload: ``topic``, ``partition``, ``offset``, ``timestamp``, ``key``,
     ``headers``, ``value`` (cut to fit, with ``value_truncated``), ``value_format``, ``size``,
-    ``matched`` (the deciding condition), ``kafka_conn_id`` and ``event_id``
+    ``matched`` (the deciding condition), ``returned`` (when a predicate decided: its answer as
+    JSON data, what the official triggers fire), ``kafka_conn_id`` and ``event_id``
     (``topic[partition]@offset``, the message's identity to deduplicate on).
     """
 

@@ -48,3 +48,10 @@ def official_style_at_least(threshold: int, message: Any, *, field: str) -> Any:
     if value[field] >= threshold:
         return {"topic": message.topic(), "partition": message.partition(), "offset": message.offset(), **value}
     return None
+
+
+def official_order(message: Any) -> dict[str, Any] | None:
+    """An official-style ``apply_function`` (confluent ``Message``): the order it finds, as data,
+    or ``None`` (no event) for anything else. The official trigger fires the answer itself."""
+    value = json.loads(message.value())
+    return {"order": value["n"], "topic": message.topic()} if value.get("kind") == "order" else None
