@@ -30,15 +30,19 @@ batched statement is prepared once per shape to find out).
 
 One wait's fault stays that wait's (the design's isolation contract):
 
-* A statement's time budget is the waits' ``statement_timeout`` times the waits it carries, at
-  most :data:`BUDGET_SCALE_MAX` times: 150 waits of 30 ms each fit, one hung query does not
-  hold the others for long.
-* A batch that runs past its budget is re-asked one wait at a time, each with its own
-  ``statement_timeout``, so every wait gets what it would have got alone: the slow one times
-  out, the others get their rows in the same round. The wait that timed out alone is then asked
-  alone (on a pooled connection of its own, beside the batch) until it answers in time again,
-  so it does not stretch its shape's later batches. When :data:`SYSTEMIC_TIMEOUTS` waits in a
-  row time out alone, the slowness is the server's, not one wait's: the rest share the error.
+* A statement's time budget is what the shape's batches have taken (:data:`BUDGET_HEADROOM`
+  times it, at least :data:`BUDGET_FLOOR`), never more than the waits' ``statement_timeout``
+  times the waits it carries, at most :data:`BUDGET_SCALE_MAX` times (the only bound before a
+  batch of the shape has answered): a hung query holds the others for about a second, not for
+  up to four statement timeouts (two minutes at the default).
+* A batch that runs past its budget is re-asked one wait at a time over a few connections at
+  once (:data:`RE_ASK_LANES`), each with its own ``statement_timeout``, so every wait gets what
+  it would have got alone and the slow one holds one connection, not the others: they get their
+  rows in the same round. The wait that timed out alone is then asked alone (on a pooled
+  connection of its own, beside the batch) until it answers in time again, so it does not
+  stretch its shape's later batches. When :data:`SYSTEMIC_TIMEOUTS` waits time out alone before
+  any answers, the slowness is the server's, not one wait's: the rest share the error. When
+  none times out alone, the batch was just slow: the shape's budget grows.
 * A batch that fails for a reason that is not transient (one wait's value does not fit its
   type, a row of one wait divides by zero) is re-asked one wait at a time, so only the wait at
   fault gets the error.
@@ -95,6 +99,11 @@ SETTLE_PER_TURN = 512
 MAX_SHAPES = 512
 #: A batch's statement may run ``statement_timeout`` seconds per wait it carries, up to this many.
 BUDGET_SCALE_MAX = 4
+#: Once the shape's batches have answered, a batch may run this many times what they took
+#: (smoothed), and at least :data:`BUDGET_FLOOR` seconds, within the bound above.
+BUDGET_HEADROOM, BUDGET_FLOOR = 8.0, 1.0
+#: Connections a timed-out batch's waits are re-asked over at once (the lane's and pooled ones).
+RE_ASK_LANES = 3
 #: Waits in a row that time out when a timed-out batch is re-asked one by one before the rest
 #: are given the timeout too (the server is slow for everyone, not for one wait).
 SYSTEMIC_TIMEOUTS = 3
@@ -312,9 +321,13 @@ class _Outage:
     retry_at: float  # loop time
 
 
-def batch_budget(timeout: float, members: int) -> float:
-    """Seconds one statement carrying ``members`` waits may run: their share, bounded."""
-    return float(timeout) * max(1, min(members, BUDGET_SCALE_MAX))
+def batch_budget(timeout: float, members: int, typical: float | None = None) -> float:
+    """Seconds one statement carrying ``members`` waits may run: what the shape's batches take
+    (``typical``) with headroom, within their share of statement timeouts."""
+    ceiling = float(timeout) * max(1, min(members, BUDGET_SCALE_MAX))
+    if typical is None:
+        return ceiling
+    return min(ceiling, max(BUDGET_FLOOR, BUDGET_HEADROOM * typical))
 
 
 @dataclasses.dataclass
@@ -345,6 +358,8 @@ class PostgresBatches:
         self._outages: dict[tuple[str, float], _Outage] = {}
         #: (sql, timeout, values) of waits that timed out alone: asked alone until they answer in time.
         self._alone_asks: collections.OrderedDict[tuple[str, float, Hashable], None] = collections.OrderedDict()
+        #: Seconds the batches of each shape (sql, timeout) take, smoothed: their budget's base.
+        self._typical: dict[tuple[str, float], float] = {}
 
     # ------------------------------------------------------------------------- shapes
     async def parameter_types(self, sql: str, timeout: float) -> list[Any]:
@@ -561,7 +576,10 @@ class PostgresBatches:
             await self._lone_ask(batch, asks[0], connection)
             return
         columns = [list(column) for column in zip(*(ask.args for ask in asks), strict=True)]
-        budget = batch_budget(batch.timeout, len(asks))
+        key = (batch.sql, batch.timeout)
+        budget = batch_budget(batch.timeout, len(asks), self._typical.get(key))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             _count()
             records = await connection.fetch(shape.batched, *columns, list(range(len(asks))), timeout=budget)
@@ -569,7 +587,8 @@ class PostgresBatches:
             raise
         except asyncio.TimeoutError:  # maybe one wait's slow query: each is asked alone, in its own time
             log.debug("A batch of %d Postgres waits ran past %.1fs; asking each alone", len(asks), budget)
-            await self._one_by_one(batch, asks, connection, after_timeout=True)
+            if not await self._re_ask(batch, asks, connection) and key in self._typical:
+                self._typical[key] = max(self._typical[key], budget)  # just slow: a larger budget
             return
         except Exception as exc:
             if not _is_transient(exc):  # maybe one wait's fault: only that wait gets the error
@@ -580,6 +599,8 @@ class PostgresBatches:
             for ask in asks:
                 _settle(ask, error=error)
             return
+        took = loop.time() - started
+        self._typical[key] = took if key not in self._typical else 0.7 * self._typical[key] + 0.3 * took
         self._recovered(batch)
         rows = {record[len(record) - 1]: BatchRow(record) for record in records}
         for number, ask in enumerate(asks):
@@ -648,29 +669,14 @@ class PostgresBatches:
             _count()
             return await connection.fetchrow(sql, *args, timeout=timeout)
 
-    async def _one_by_one(
-        self, batch: _Batch, asks: list[_Ask], connection: Any, *, after_timeout: bool = False
-    ) -> None:
-        """Ask each wait's query alone (a lone wait, a shape that cannot batch, a failed batch).
-
-        ``after_timeout``: the batch ran past its budget. A wait that times out alone here is
-        remembered as too slow to batch; :data:`SYSTEMIC_TIMEOUTS` timeouts in a row mean the
-        server is slow for all of them, and the waits not asked yet share the timeout.
-        """
-        in_a_row: list[_Ask] = []
-        for number, ask in enumerate(asks):
+    async def _one_by_one(self, batch: _Batch, asks: list[_Ask], connection: Any) -> None:
+        """Ask each wait's query alone (a shape that cannot batch, a batch one wait's value broke)."""
+        for ask in asks:
             if not ask.pending():
                 continue
             if is_lost(connection):  # an earlier ask's query lost it: this one was never sent
                 _settle(ask, error=connection_lost())
                 continue
-            if after_timeout and len(in_a_row) >= SYSTEMIC_TIMEOUTS:
-                for slow in in_a_row:  # not these waits' own slowness: they may batch again
-                    self._alone_asks.pop((batch.sql, batch.timeout, ask_key(slow.args)), None)
-                error = self._shared_failure(batch, asyncio.TimeoutError())
-                for rest in asks[number:]:
-                    _settle(rest, error=error)
-                return
             try:
                 _count()
                 row = await connection.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
@@ -678,15 +684,71 @@ class PostgresBatches:
                 raise
             except asyncio.TimeoutError:
                 _settle(ask, error=query_timed_out(batch.timeout))
-                if after_timeout:
-                    in_a_row.append(ask)
-                    self._ask_alone(batch, ask)
             except Exception as exc:
-                in_a_row.clear()
                 _settle(ask, error=exc)
             else:
-                in_a_row.clear()
                 _settle(ask, row)
+
+    async def _re_ask(self, batch: _Batch, asks: list[_Ask], connection: Any) -> bool:
+        """Ask each wait of a batch that ran past its budget alone, over a few connections at once.
+
+        A slow wait holds one connection for its ``statement_timeout`` while the others are asked
+        on the rest, so its neighbours are answered in this round, not after it. Returns whether
+        a wait timed out alone (remembered as too slow to batch, see :meth:`_ask_alone`).
+        """
+        queue = collections.deque(ask for ask in asks if ask.pending())
+        answered: list[int] = [0]
+        timed_out: list[_Ask] = []
+
+        async def ask_each(lane: Any) -> None:
+            while queue:
+                if len(timed_out) >= SYSTEMIC_TIMEOUTS and not answered[0]:
+                    for slow in timed_out:  # not these waits' own slowness: they may batch again
+                        self._alone_asks.pop((batch.sql, batch.timeout, ask_key(slow.args)), None)
+                    error = self._shared_failure(batch, asyncio.TimeoutError())
+                    while queue:
+                        _settle(queue.popleft(), error=error)
+                    return
+                ask = queue.popleft()
+                if not ask.pending():
+                    continue
+                if is_lost(lane):  # an earlier ask's query lost it: this one was never sent
+                    _settle(ask, error=connection_lost())
+                    continue
+                try:
+                    _count()
+                    row = await lane.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
+                except asyncio.CancelledError:
+                    raise
+                except asyncio.TimeoutError:
+                    _settle(ask, error=query_timed_out(batch.timeout))
+                    timed_out.append(ask)
+                    self._ask_alone(batch, ask)
+                except Exception as exc:
+                    answered[0] += 1
+                    _settle(ask, error=exc)
+                else:
+                    answered[0] += 1
+                    _settle(ask, row)
+
+        async def pooled_lane() -> None:
+            try:
+                async with pooled(self.pool, batch.timeout) as lane:
+                    await ask_each(lane)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # no spare connection: the other lanes go on
+                log.debug("A spare connection to re-ask a batch was not had: %s", exc)
+
+        extra = [asyncio.ensure_future(pooled_lane()) for _ in range(min(RE_ASK_LANES - 1, len(queue) - 1))]
+        try:
+            await ask_each(connection)
+            await asyncio.gather(*extra)
+        finally:
+            for task in extra:
+                task.cancel()
+            await asyncio.gather(*extra, return_exceptions=True)
+        return bool(timed_out)
 
     def _ask_alone(self, batch: _Batch, ask: _Ask) -> None:
         """Remember ``ask``'s values as too slow to batch: they are asked alone from now on."""

@@ -88,6 +88,10 @@ def test_a_statement_budget_grows_with_its_waits_up_to_a_bound() -> None:
     assert batch_budget(2.0, 1) == 2.0
     assert batch_budget(2.0, 3) == 6.0
     assert batch_budget(2.0, 10_000) == 2.0 * BUDGET_SCALE_MAX
+    # Once the shape's batches have answered: what they take, with headroom, within that bound.
+    assert batch_budget(30.0, 200, typical=0.02) == 1.0  # the floor, not 120 s
+    assert batch_budget(30.0, 200, typical=0.5) == 4.0
+    assert batch_budget(2.0, 200, typical=5.0) == 2.0 * BUDGET_SCALE_MAX
 
 
 async def test_many_waits_of_a_few_tens_of_milliseconds_fit_one_statement(
@@ -235,4 +239,36 @@ async def test_a_batch_wide_failure_is_shared_with_one_backoff_not_a_retry_storm
     assert all(isinstance(e, TransientError) and e.error_type == "unavailable" for e in shared)
     assert all("shared by the" in e.message and getattr(e, "retry_after", None) for e in shared)
     assert len(shared) >= 2 * during  # each statement's failure reached many waits
+    assert held_keys() == {}
+
+
+async def test_two_hundred_healthy_neighbours_of_a_slow_query_are_answered_while_it_still_runs(
+    conn_id: str, admin: asyncpg.Connection, markers: str, slow_for: str
+) -> None:
+    """One wait's query runs 6 s, past its ``statement_timeout`` of 2 s, in one batch with 200
+    healthy ones. Their batch's budget was four statement timeouts (8 s: the slow query even
+    finished inside it), so the 200 waited with it, up to two minutes at the default timeout.
+    Now the budget is what the shape's batches took, with headroom (a second here), and the
+    re-asks run over a few connections: the 200 have their rows while the slow one still runs.
+    """
+    await admin.executemany(
+        f"INSERT INTO {markers} (batch_id, status) VALUES ($1, 'done')",
+        [(key,) for key in [*(f"h{i}" for i in range(200)), "slow"]],
+    )
+    sql = f"SELECT * FROM {markers} WHERE batch_id = $1 AND {slow_for}(batch_id) LIMIT 1"
+    keys = [f"h{i}" for i in range(200)]
+    engine = await open_batches(conn_id)
+    try:
+        await engine.parameter_types(sql, 2.0)
+        warm = await asyncio.gather(*(engine.fetch_row(sql, [key], timeout=2.0, window=0.1) for key in keys))
+        assert all(row is not None for row in warm)  # a batch of the shape answered: its time is known
+        asks = [asyncio.ensure_future(engine.fetch_row(sql, [key], timeout=2.0, window=0.1)) for key in keys]
+        slow = asyncio.ensure_future(engine.fetch_row(sql, ["slow"], timeout=2.0, window=0.1))
+        rows = await asyncio.gather(*asks)
+        assert not slow.done()  # every neighbour answered while the slow query still runs
+        assert [row["batch_id"] for row in rows] == keys
+        with pytest.raises(TransientError, match=r"statement_timeout=2\.0s"):
+            await slow  # and the slow one ends as it would alone
+    finally:
+        await close_batches(engine)
     assert held_keys() == {}
