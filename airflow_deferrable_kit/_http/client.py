@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_deferrable_kit._per_loop import PerLoop
-from airflow_deferrable_kit._redact import is_sensitive_key
+from airflow_deferrable_kit._redact import is_sensitive_key, redact_url
 from airflow_deferrable_kit._redact import register as register_secret
 from airflow_deferrable_kit._shared_polls import SharedAnswers
 from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
@@ -582,14 +582,19 @@ def classify_aiohttp_error(exc: BaseException) -> WaitError | None:
     ``ssl`` and timeout errors that reach us unwrapped (``OSError``, ``TimeoutError``, e.g. the
     request's total timeout) are left to :meth:`PollingTrigger.classify_error`, which calls
     them transient network errors the same way for every wait.
+
+    Some of aiohttp's messages quote the URL asked (a connect timeout, a malformed response),
+    which after a redirect is one the server chose: its secret-looking query values are masked
+    (:func:`~airflow_deferrable_kit._redact.redact_url`).
     """
     aiohttp = sys.modules.get("aiohttp")
     if aiohttp is None:  # never imported, so no exception can be one of its own
         return None
+    text = redact_url(str(exc))
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        return FatalError(f"TLS certificate rejected: {exc}", error_type=ErrorType.TLS)
+        return FatalError(f"TLS certificate rejected: {text}", error_type=ErrorType.TLS)
     if isinstance(exc, aiohttp.InvalidURL):
-        return FatalError(f"invalid URL: {exc}", error_type=ErrorType.BAD_CONNECTION)
+        return FatalError(f"invalid URL: {text}", error_type=ErrorType.BAD_CONNECTION)
     if isinstance(exc, aiohttp.ClientError):
-        return TransientError(f"{type(exc).__name__}: {exc}", error_type=ErrorType.NETWORK)
+        return TransientError(f"{type(exc).__name__}: {text}", error_type=ErrorType.NETWORK)
     return None

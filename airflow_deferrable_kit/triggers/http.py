@@ -38,7 +38,7 @@ from airflow_deferrable_kit._http.client import (
     parse_retry_after,
     send_shared,
 )
-from airflow_deferrable_kit._redact import redact, redact_value
+from airflow_deferrable_kit._redact import redact, redact_url, redact_value
 from airflow_deferrable_kit._shared_polls import reuse_window
 from airflow_deferrable_kit.conditions import (
     DEFAULT,
@@ -81,6 +81,8 @@ MAX_UNREADABLE_BODIES: Final = 5
 RESPONSE_BODY_EVENT_BYTES: Final = 32 * 1024
 #: Most the response headers may take in such an event, as JSON; more and the response is left out.
 RESPONSE_HEADERS_EVENT_BYTES: Final = 8 * 1024
+#: Response headers holding a URL the server chose: secret-looking query values masked in events.
+URL_HEADERS: Final = frozenset({"location", "content-location", "link", "refresh"})
 
 
 class _Unreadable(Exception):
@@ -262,7 +264,9 @@ class HttpBatchReadyTrigger(PollingTrigger):
         status = response.status
         context: dict[str, Any] = {"status_code": status, "method": method, "url": safe_url}
         if response.redirects and response.url is not None:
-            context["final_url"] = str(response.url.with_user(None))  # where the answer came from
+            # Where the answer came from: a URL the server chose, so its signature, token or
+            # credential query values (a pre-signed URL's) are masked by name.
+            context["final_url"] = redact_url(str(response.url.with_user(None)))
             context["redirects"] = response.redirects
         # The body is only evaluated on a 2xx that is not a "not yet" code: an error page or an
         # empty 202 must never satisfy (or break) a path acceptor such as {"exists": false}.
@@ -342,10 +346,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
     def _status_error(self, response: Response, context: dict[str, Any]) -> WaitError:
         status = response.status
         excerpt = response.excerpt(int(self.excerpt_chars))
-        message = (
-            f"{context['method']} {context['url']} returned {status} {response.reason}".rstrip()
-            + f": {response.excerpt(min(int(self.excerpt_chars), 300))}"
-        )
+        short = response.excerpt(min(int(self.excerpt_chars), 300))
+        if 300 <= status <= 399:  # a redirect's body quotes the URL the server chose ("Redirecting to ...")
+            excerpt, short = redact_url(excerpt), redact_url(short)
+        message = f"{context['method']} {context['url']} returned {status} {response.reason}".rstrip() + f": {short}"
         details = {**context, "body_excerpt": excerpt}
         self._last = f"last response: {status} {response.reason}".rstrip()
         if is_transient_status(status):
@@ -357,7 +361,8 @@ class HttpBatchReadyTrigger(PollingTrigger):
             if not location:
                 message += " (a redirect without a Location to follow)"
             elif response.redirects >= MAX_REDIRECTS:
-                message += f" (redirect to {location!r} not followed: more than {MAX_REDIRECTS} redirects)"
+                where = redact_url(location)
+                message += f" (redirect to {where!r} not followed: more than {MAX_REDIRECTS} redirects)"
         error_type = status_error_type(status)
         if error_type in (ErrorType.AUTHENTICATION, ErrorType.AUTHORIZATION):
             what = "rejected the credentials of" if error_type is ErrorType.AUTHENTICATION else "refused access to"
@@ -461,14 +466,17 @@ def response_for_event(response: Response, url: str) -> dict[str, Any]:
     travels only whole and as it was sent: ``content`` is ``None`` and ``complete`` false when it
     was not read to the end (``max_body_bytes``), is over :data:`RESPONSE_BODY_EVENT_BYTES`, or
     holds a known secret (which the payload would mask), and when the headers are over
-    :data:`RESPONSE_HEADERS_EVENT_BYTES` or hold one. The worker then fetches the response again
-    rather than judge a part of it.
+    :data:`RESPONSE_HEADERS_EVENT_BYTES` or hold one, or a URL header (:data:`URL_HEADERS`) whose
+    secret-looking query values are masked. The worker then fetches the response again rather
+    than judge a part of it.
     """
-    headers = joined_headers(response)
+    sent = joined_headers(response)
+    headers = {name: redact_url(value) if name.lower() in URL_HEADERS else value for name, value in sent.items()}
     whole = (
         not response.truncated
         and len(response.body) <= RESPONSE_BODY_EVENT_BYTES
         and json_size(headers) <= RESPONSE_HEADERS_EVENT_BYTES
+        and headers == sent
         and redact_value(headers) == headers
         and redact(response.decoded) == response.decoded
     )
