@@ -393,7 +393,8 @@ async def send(
     ``requests`` does for the official ``HttpSensor``.
 
     Up to :data:`MAX_REDIRECTS` hops; 303 (and 301/302 after a POST, as browsers and requests
-    do) turn into a GET without a body, 307/308 repeat the request. A hop that leaves the origin
+    do) turn into a GET without a body, 307/308 repeat the request; a redirect to a URL of
+    another scheme (``ftp:``, ``file:``) is a fatal :func:`non_http_redirect`. A hop that leaves the origin
     (another host, port or scheme; http -> https on the same host keeps it) drops the
     connection's credentials: ``Authorization``, cookies and every credential header of the
     connection, so they never reach a host the connection does not name. ``timeout`` covers the
@@ -433,6 +434,8 @@ async def send(
                 )
             status = resp.status
         following = url.join(type(url)(location))
+        if following.scheme not in DEFAULT_PORTS:
+            raise non_http_redirect(method, url, status, following)
         if not keeps_credentials(url, following):
             headers = {name: value for name, value in headers.items() if not _origin_only(name)}
         if status == 303 or (status in (301, 302) and method == "POST"):
@@ -440,6 +443,23 @@ async def send(
             body = None
         url = following
     raise AssertionError("not reached: the last hop returns its response")  # pragma: no cover
+
+
+def non_http_redirect(method: str, url: URL, status: int, location: URL) -> FatalError:
+    """The error for a redirect to a URL HTTP cannot follow (``ftp:``, ``file:``, ``javascript:``).
+
+    Fatal at once, as ``requests`` raises ``InvalidSchema`` at once: asking again gets the same
+    answer, and a retry until the deadline would end as a timeout, which ``soft_fail`` skips.
+    Both URLs are the server's to choose, so their secret-looking query values are masked.
+    """
+    where = redact_url(str(location.with_user(None)) if location.host else str(location))
+    asked = redact_url(str(url.with_user(None)))
+    return FatalError(
+        f"{method} {asked} was redirected ({status}) to {where!r}, a URL of scheme {location.scheme!r}: "
+        "only http and https redirects are followed",
+        error_type=ErrorType.PROTOCOL,
+        details={"status_code": status, "method": method, "location": where},
+    )
 
 
 def keeps_credentials(old: URL, new: URL) -> bool:

@@ -11,8 +11,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from airflow_deferrable_kit import _redact
 from airflow_deferrable_kit._http.client import MAX_REDIRECTS, keeps_credentials
 from airflow_deferrable_kit.testing import run_trigger_payload
+from airflow_deferrable_kit.triggers.base import deadline_after
 from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
 from tests.integration.http.conftest import Seen, Server, reply, script
 
@@ -98,3 +102,25 @@ def test_the_origin_rule_is_requests_rule() -> None:
     assert not keeps_credentials(URL("https://a.example/x"), URL("http://a.example/y"))  # downgrade
     assert not keeps_credentials(URL("http://a.example/x"), URL("http://b.example/x"))
     assert not keeps_credentials(URL("http://a.example:8080/x"), URL("http://a.example:8081/x"))
+
+
+@pytest.mark.parametrize(
+    ("location", "scheme"),
+    [
+        ("ftp://files.example/batch.csv?X-Amz-Signature=5f1e0c9a7b3d&part=1", "ftp"),
+        ("file:///etc/passwd", "file"),
+        ("javascript:alert(1)", "javascript"),
+    ],
+)
+async def test_a_redirect_to_a_scheme_other_than_http_fails_at_once(
+    serve: Serve, connection: Conn, location: str, scheme: str
+) -> None:
+    # requests raises InvalidSchema at once; retrying cannot make an ftp: URL answer over HTTP,
+    # and a timeout would let soft_fail skip a task whose endpoint is broken.
+    server = serve(moved(302, location))
+    conn = connection("moved_api", host="127.0.0.1", port=server.port)
+    payload = await run_trigger_payload(make(conn, deadline=deadline_after(3.0)))
+    assert payload["status"] == "error" and payload["error_type"] == "protocol", payload
+    assert f"scheme {scheme!r}" in payload["message"] and len(server.requests) == 1
+    assert _redact.redact_url(location) in payload["message"]  # the URL, with its signature masked
+    assert "5f1e0c9a7b3d" not in json.dumps(payload)
