@@ -7,6 +7,12 @@ in every form it may travel in (plain, base64, HTTP basic auth, URL-quoted), and
 :func:`redact` replaces each with ``***``. Registered values are also handed to Airflow's own
 secrets masker, so Airflow's log pipeline hides them in lines the kit did not write.
 
+A URL a *server* chose (a redirect's ``Location``, the URL the answer finally came from) may
+carry credentials the kit never saw before: a pre-signed download URL holds ``X-Amz-Signature``
+and ``X-Amz-Credential``, a SAS URL ``sig``, an OAuth callback ``access_token``. They cannot be
+registered in advance, so :func:`redact_url` masks them by the *name* of their parameter
+(:func:`is_secret_param`), keeping the name so a reader sees one was there.
+
 Some client libraries log credentials themselves at DEBUG: botocore writes the canonical request
 it signs (session token included) and the headers it sends. :func:`guard_loggers` puts a
 :class:`RedactingFilter` on such loggers, so turning them on to debug a wait shows ``***``
@@ -24,7 +30,7 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote_plus, urlsplit
 
 #: What a redacted value becomes.
 MASK = "***"
@@ -50,6 +56,36 @@ SENSITIVE_KEYS = (
     "cookie",
     "signature",
 )
+
+#: Query and fragment parameter names whose values are credentials in a URL a server chose,
+#: matched as substrings of the lowercased name (``X-Amz-Signature``, ``access_token``,
+#: ``apiKey``, ``sig``), besides every key :func:`is_sensitive_key` knows.
+SECRET_PARAM_MARKERS = (
+    "signature",
+    "sig",
+    "credential",
+    "token",
+    "key",
+    "pass",
+    "pwd",
+    "secret",
+    "auth",
+    "session",
+    "cookie",
+    "jwt",
+    "hmac",
+)
+#: Cloud signing parameters, all masked: S3's ``X-Amz-*`` and GCS's ``X-Goog-*``.
+SECRET_PARAM_PREFIXES = ("x-amz-", "x-goog-")
+#: Short names matched whole (as substrings they would hit every word): Azure SAS's expiry,
+#: start, permissions and signing-key fields (its ``sig`` is a marker), an OAuth ``code``.
+SECRET_PARAM_NAMES = frozenset({"se", "st", "sp", "skoid", "sktid", "skt", "ske", "sks", "skv", "code"})
+
+#: ``name=value`` after ``?``, ``&``, ``;`` or ``#`` (a query or fragment parameter, in a URL
+#: or in a message quoting one); a value ends at a separator, whitespace, a quote or a bracket.
+_URL_PARAM = re.compile(r"(?P<lead>[?&;#])(?P<name>[^=&;#?\s'\"<>]+)=(?P<value>[^&;#\s'\"<>]+)")
+#: ``scheme://user:password@``: the password.
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s'\"<>]*:)[^/@\s'\"<>]+@")
 
 _secrets: set[str] = set()
 _pattern: re.Pattern[str] | None = None
@@ -104,6 +140,40 @@ def is_sensitive_key(key: str) -> bool:
     """Whether a field or header named ``key`` carries a credential (``X-Api-Key``, ``sasl.password``)."""
     name = key.lower().replace("-", "_").replace(".", "_")
     return any(marker in name for marker in SENSITIVE_KEYS) or name.endswith("key")
+
+
+def is_secret_param(name: str) -> bool:
+    """Whether a URL query or fragment parameter named ``name`` carries a credential.
+
+    Case-insensitive, on the decoded name: a substring of :data:`SECRET_PARAM_MARKERS`, a prefix
+    of :data:`SECRET_PARAM_PREFIXES`, one of :data:`SECRET_PARAM_NAMES`, or a sensitive key.
+    """
+    lowered = unquote_plus(name).strip().lower()
+    return (
+        any(marker in lowered for marker in SECRET_PARAM_MARKERS)
+        or lowered.startswith(SECRET_PARAM_PREFIXES)
+        or lowered in SECRET_PARAM_NAMES
+        or is_sensitive_key(lowered)
+    )
+
+
+def redact_url(text: str) -> str:
+    """``text`` (a URL, or a message quoting URLs) with each secret-looking parameter's value masked.
+
+    Every query or fragment parameter whose name :func:`is_secret_param` flags keeps its name and
+    gets :data:`MASK` for a value (``?X-Amz-Signature=***&part=1``), and a ``user:password@``
+    password becomes :data:`MASK`. For URLs a server chose, whose secrets were never registered.
+    """
+    if not text or ("=" not in text and "@" not in text):
+        return text
+    text = _URL_PASSWORD.sub(lambda match: f"{match['head']}{MASK}@", text)
+
+    def mask(match: re.Match[str]) -> str:
+        if not is_secret_param(match["name"]):
+            return match[0]
+        return f"{match['lead']}{match['name']}={MASK}"
+
+    return _URL_PARAM.sub(mask, text)
 
 
 def redact(text: str) -> str:
@@ -195,8 +265,10 @@ __all__ = [
     "MASK",
     "RedactingFilter",
     "guard_loggers",
+    "is_secret_param",
     "is_sensitive_key",
     "redact",
+    "redact_url",
     "redact_value",
     "register",
     "register_connection",

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_deferrable_kit._per_loop import PerLoop
-from airflow_deferrable_kit._redact import is_sensitive_key
+from airflow_deferrable_kit._redact import is_sensitive_key, redact_url
 from airflow_deferrable_kit._redact import register as register_secret
 from airflow_deferrable_kit._shared_polls import SharedAnswers
 from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
@@ -44,6 +44,7 @@ from airflow_deferrable_kit.payload import truncate_text
 
 if TYPE_CHECKING:
     import aiohttp
+    from aiohttp import CookieJar
     from airflow.sdk import Connection
     from yarl import URL
 
@@ -392,26 +393,32 @@ async def send(
     """One request with the connection's headers, TLS and proxy, following redirects as
     ``requests`` does for the official ``HttpSensor``.
 
-    Up to :data:`MAX_REDIRECTS` hops; 303 (and 301/302 after a POST, as browsers and requests
-    do) turn into a GET without a body, 307/308 repeat the request. A hop that leaves the origin
-    (another host, port or scheme; http -> https on the same host keeps it) drops the
-    connection's credentials: ``Authorization``, cookies and every credential header of the
-    connection, so they never reach a host the connection does not name. ``timeout`` covers the
-    whole request, every hop and the wait for a pooled socket.
+    Up to :data:`MAX_REDIRECTS` hops, each with requests' rules (``Session.resolve_redirects``):
+    the method of :func:`redirected_method` (302 and 303 make every method but HEAD a GET, 301
+    makes a POST a GET), the body dropped on every redirect but 307 and 308, and the cookies
+    the hops set sent on the hops after them (a jar of this request's own, never the session's:
+    a login gateway that sets its session cookie on a redirect is passed, and no cookie outlives
+    the request or reaches another wait). A redirect to a URL of another scheme (``ftp:``,
+    ``file:``) is a fatal :func:`non_http_redirect`. A hop that leaves the origin (another host,
+    port or scheme; http -> https on the same host keeps it) drops the connection's
+    credentials: ``Authorization``, its cookies and every credential header of the connection,
+    so they never reach a host the connection does not name (the jar's cookies follow their own
+    domain rules). ``timeout`` covers the whole request, every hop and the wait for a pooled socket.
     """
     aiohttp = sys.modules["aiohttp"]  # imported off the loop by open_session, which made `session`
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     headers = dict(target.headers)
     body = json_body
+    jar: CookieJar | None = None  # made at the first cookie a redirect sets
     for hop in range(MAX_REDIRECTS + 1):
-        options: dict[str, Any] = {}
-        if body is not None:
-            options["json"] = body
+        # No body: no Content-Type either (aiohttp would add application/octet-stream to a bare
+        # POST, PUT or PATCH; requests adds none).
+        options: dict[str, Any] = {"json": body} if body is not None else {"skip_auto_headers": ("Content-Type",)}
         async with session.request(
             method,
             url,
-            headers=headers,
+            headers=headers if jar is None else with_cookies(headers, jar.filter_cookies(url)),
             ssl=target.ssl,
             proxy=target.proxy,
             timeout=aiohttp.ClientTimeout(total=max(deadline - loop.time(), 0.001)),
@@ -432,14 +439,64 @@ async def send(
                     redirects=hop,
                 )
             status = resp.status
+            if resp.cookies:
+                if jar is None:
+                    jar = aiohttp.CookieJar(unsafe=True)  # unsafe: IP hosts too, as requests takes them
+                jar.update_cookies(resp.cookies, resp.url)
         following = url.join(type(url)(location))
+        if following.scheme not in DEFAULT_PORTS:
+            raise non_http_redirect(method, url, status, following)
         if not keeps_credentials(url, following):
             headers = {name: value for name, value in headers.items() if not _origin_only(name)}
-        if status == 303 or (status in (301, 302) and method == "POST"):
-            method = "GET" if method != "HEAD" else method
+        method = redirected_method(status, method)
+        if status not in (307, 308):
             body = None
         url = following
     raise AssertionError("not reached: the last hop returns its response")  # pragma: no cover
+
+
+def redirected_method(status: int, method: str) -> str:
+    """The method of the hop after a ``status`` redirect: ``requests``' ``Session.rebuild_method``."""
+    if status in (302, 303) and method != "HEAD":
+        return "GET"  # 303 by the RFC; 302 as browsers (and requests) do
+    if status == 301 and method == "POST":
+        return "GET"
+    return method
+
+
+def with_cookies(headers: Mapping[str, str], cookies: Mapping[str, Any]) -> Mapping[str, str]:
+    """``headers`` whose ``Cookie`` also carries ``cookies`` (a jar's, for this URL).
+
+    The connection's own cookies stay, but one the jar holds too takes the jar's value: the
+    server set it since.
+    """
+    if not cookies:
+        return headers
+    name = next((key for key in headers if key.lower() == "cookie"), "Cookie")
+    kept = [
+        pair.strip()
+        for pair in headers.get(name, "").split(";")
+        if pair.strip() and pair.partition("=")[0].strip() not in cookies
+    ]
+    pairs = [f"{morsel.key}={morsel.coded_value}" for morsel in cookies.values()]
+    return {**headers, name: "; ".join(kept + pairs)}
+
+
+def non_http_redirect(method: str, url: URL, status: int, location: URL) -> FatalError:
+    """The error for a redirect to a URL HTTP cannot follow (``ftp:``, ``file:``, ``javascript:``).
+
+    Fatal at once, as ``requests`` raises ``InvalidSchema`` at once: asking again gets the same
+    answer, and a retry until the deadline would end as a timeout, which ``soft_fail`` skips.
+    Both URLs are the server's to choose, so their secret-looking query values are masked.
+    """
+    where = redact_url(str(location.with_user(None)) if location.host else str(location))
+    asked = redact_url(str(url.with_user(None)))
+    return FatalError(
+        f"{method} {asked} was redirected ({status}) to {where!r}, a URL of scheme {location.scheme!r}: "
+        "only http and https redirects are followed",
+        error_type=ErrorType.PROTOCOL,
+        details={"status_code": status, "method": method, "location": where},
+    )
 
 
 def keeps_credentials(old: URL, new: URL) -> bool:
@@ -582,14 +639,19 @@ def classify_aiohttp_error(exc: BaseException) -> WaitError | None:
     ``ssl`` and timeout errors that reach us unwrapped (``OSError``, ``TimeoutError``, e.g. the
     request's total timeout) are left to :meth:`PollingTrigger.classify_error`, which calls
     them transient network errors the same way for every wait.
+
+    Some of aiohttp's messages quote the URL asked (a connect timeout, a malformed response),
+    which after a redirect is one the server chose: its secret-looking query values are masked
+    (:func:`~airflow_deferrable_kit._redact.redact_url`).
     """
     aiohttp = sys.modules.get("aiohttp")
     if aiohttp is None:  # never imported, so no exception can be one of its own
         return None
+    text = redact_url(str(exc))
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        return FatalError(f"TLS certificate rejected: {exc}", error_type=ErrorType.TLS)
+        return FatalError(f"TLS certificate rejected: {text}", error_type=ErrorType.TLS)
     if isinstance(exc, aiohttp.InvalidURL):
-        return FatalError(f"invalid URL: {exc}", error_type=ErrorType.BAD_CONNECTION)
+        return FatalError(f"invalid URL: {text}", error_type=ErrorType.BAD_CONNECTION)
     if isinstance(exc, aiohttp.ClientError):
-        return TransientError(f"{type(exc).__name__}: {exc}", error_type=ErrorType.NETWORK)
+        return TransientError(f"{type(exc).__name__}: {text}", error_type=ErrorType.NETWORK)
     return None

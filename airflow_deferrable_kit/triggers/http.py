@@ -38,7 +38,7 @@ from airflow_deferrable_kit._http.client import (
     parse_retry_after,
     send_shared,
 )
-from airflow_deferrable_kit._redact import redact, redact_value
+from airflow_deferrable_kit._redact import redact, redact_url, redact_value
 from airflow_deferrable_kit._shared_polls import reuse_window
 from airflow_deferrable_kit.conditions import (
     DEFAULT,
@@ -68,6 +68,11 @@ PREDICATE_RECEIVES: Final = ("dict", "response")
 DEFAULT_NOT_YET_CODES: Final = (404,)
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
+#: The most of a body a predicate (an importable ``response_check`` too) may be given when
+#: ``max_body_bytes`` is lower: the official ``HttpSensor`` hands its callable the whole body,
+#: so a wait with a predicate reads up to ``max(max_body_bytes, this)``; a larger body fails the
+#: wait naming ``max_body_bytes``, and a callable is never given a cut body.
+PREDICATE_BODY_BYTES: Final = 32 * 1024 * 1024
 DEFAULT_EXCERPT_CHARS: Final = 1000
 #: Upper bound for ``excerpt_chars`` so a payload always fits in MAX_PAYLOAD_BYTES.
 MAX_EXCERPT_CHARS: Final = 16_000
@@ -81,6 +86,8 @@ MAX_UNREADABLE_BODIES: Final = 5
 RESPONSE_BODY_EVENT_BYTES: Final = 32 * 1024
 #: Most the response headers may take in such an event, as JSON; more and the response is left out.
 RESPONSE_HEADERS_EVENT_BYTES: Final = 8 * 1024
+#: Response headers holding a URL the server chose: secret-looking query values masked in events.
+URL_HEADERS: Final = frozenset({"location", "content-location", "link", "refresh"})
 
 
 class _Unreadable(Exception):
@@ -111,7 +118,9 @@ class HttpBatchReadyTrigger(PollingTrigger):
     :param not_yet_codes: statuses meaning "not yet" when no acceptor decided.
     :param select: JSON paths copied into the success payload's ``fields``.
     :param request_timeout: seconds for one request, including waiting for a pooled socket.
-    :param max_body_bytes: most of a body read; a larger one cannot be evaluated as JSON.
+    :param max_body_bytes: most of a body read; a larger one cannot be evaluated as JSON. With a
+        predicate at least :data:`PREDICATE_BODY_BYTES` is read (see :meth:`body_limit`): the
+        predicate is given the whole body or, past that, the wait fails naming this parameter.
     :param excerpt_chars: length of the body excerpt in payloads and error messages.
     :param include_response: put the whole response (status, reason, headers, body) in the success
         payload under ``response``, for a check that runs in the worker (the sensor's
@@ -230,6 +239,22 @@ class HttpBatchReadyTrigger(PollingTrigger):
             self.last_response = response
         return await self.evaluate(response, safe_url=safe_url, method=method)
 
+    def body_limit(self) -> int:
+        """The most of a body read: ``max_body_bytes``, raised to :data:`PREDICATE_BODY_BYTES` for a
+        predicate, which is given the body whole (as the official ``response_check`` is) or not at all."""
+        limit = int(self.max_body_bytes)
+        return max(limit, PREDICATE_BODY_BYTES) if self.predicate else limit
+
+    def too_large(self) -> str:
+        """Why a body cut at :meth:`body_limit` cannot be judged, naming ``max_body_bytes``."""
+        limit = self.body_limit()
+        if limit == int(self.max_body_bytes):
+            return f"larger than max_body_bytes={self.max_body_bytes}"
+        return (
+            f"larger than {limit} bytes, the most read for a predicate while "
+            f"max_body_bytes={self.max_body_bytes} is lower"
+        )
+
     async def fetch(self) -> tuple[Response, str, str]:
         """Send the request once: the response, its URL without credentials, and the method.
 
@@ -250,7 +275,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
             url,
             json_body=self.json_body,
             timeout=float(self.request_timeout),
-            max_body_bytes=int(self.max_body_bytes),
+            max_body_bytes=self.body_limit(),
             max_age=reuse_window(float(self.poll_interval)),
             seen=self._seen,
         )
@@ -262,7 +287,9 @@ class HttpBatchReadyTrigger(PollingTrigger):
         status = response.status
         context: dict[str, Any] = {"status_code": status, "method": method, "url": safe_url}
         if response.redirects and response.url is not None:
-            context["final_url"] = str(response.url.with_user(None))  # where the answer came from
+            # Where the answer came from: a URL the server chose, so its signature, token or
+            # credential query values (a pre-signed URL's) are masked by name.
+            context["final_url"] = redact_url(str(response.url.with_user(None)))
             context["redirects"] = response.redirects
         # The body is only evaluated on a 2xx that is not a "not yet" code: an error page or an
         # empty 202 must never satisfy (or break) a path acceptor such as {"exists": false}.
@@ -283,7 +310,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         if self.predicate_receives == "response" and conditions.predicate is not None:
             await _import_requests()  # the first import of requests must not happen on the loop
         try:
-            verdict = await conditions.evaluate(value_of, lambda: self._predicate_subject(response, document))
+            verdict = await conditions.evaluate(value_of, lambda: self._predicate_subject(response, document, context))
         except _Unreadable:
             self._unreadable(response, document, context)
             return None
@@ -342,10 +369,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
     def _status_error(self, response: Response, context: dict[str, Any]) -> WaitError:
         status = response.status
         excerpt = response.excerpt(int(self.excerpt_chars))
-        message = (
-            f"{context['method']} {context['url']} returned {status} {response.reason}".rstrip()
-            + f": {response.excerpt(min(int(self.excerpt_chars), 300))}"
-        )
+        short = response.excerpt(min(int(self.excerpt_chars), 300))
+        if 300 <= status <= 399:  # a redirect's body quotes the URL the server chose ("Redirecting to ...")
+            excerpt, short = redact_url(excerpt), redact_url(short)
+        message = f"{context['method']} {context['url']} returned {status} {response.reason}".rstrip() + f": {short}"
         details = {**context, "body_excerpt": excerpt}
         self._last = f"last response: {status} {response.reason}".rstrip()
         if is_transient_status(status):
@@ -357,7 +384,8 @@ class HttpBatchReadyTrigger(PollingTrigger):
             if not location:
                 message += " (a redirect without a Location to follow)"
             elif response.redirects >= MAX_REDIRECTS:
-                message += f" (redirect to {location!r} not followed: more than {MAX_REDIRECTS} redirects)"
+                where = redact_url(location)
+                message += f" (redirect to {where!r} not followed: more than {MAX_REDIRECTS} redirects)"
         error_type = status_error_type(status)
         if error_type in (ErrorType.AUTHENTICATION, ErrorType.AUTHORIZATION):
             what = "rejected the credentials of" if error_type is ErrorType.AUTHENTICATION else "refused access to"
@@ -374,7 +402,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         excerpt = response.excerpt(int(self.excerpt_chars))
         content_type = response.headers.get("Content-Type", "no content type")
         if document is TOO_LARGE:
-            reason = f"the body is larger than max_body_bytes={self.max_body_bytes}"
+            reason = f"the body is {self.too_large()}"
             error_type = ErrorType.BAD_CONFIGURATION
         else:
             self._unreadable_bodies += 1
@@ -397,7 +425,18 @@ class HttpBatchReadyTrigger(PollingTrigger):
             details={**context, "body_excerpt": excerpt},
         )
 
-    def _predicate_subject(self, response: Response, document: Any) -> Any:
+    def _predicate_subject(self, response: Response, document: Any, context: dict[str, Any]) -> Any:
+        if response.truncated:  # over body_limit(): never hand a callable a cut body
+            what = "response_check" if self.predicate_receives == "response" else "predicate"
+            size = response.headers.get("Content-Length")
+            raise FatalError(
+                f"{context['method']} {context['url']} returned {response.status} with a body "
+                + (f"of {size} bytes, " if size else "")
+                + f"{self.too_large()}: the {what} {self.predicate!r} is given a body whole or not at all; "
+                "raise max_body_bytes above the body's size to judge it",
+                error_type=ErrorType.BAD_CONFIGURATION,
+                details={**context, "body_excerpt": response.excerpt(int(self.excerpt_chars))},
+            )
         if self.predicate_receives == "response":
             url = str(response.url.with_user(None)) if response.url is not None else ""
             return requests_response(response.status, response.reason, url, joined_headers(response), response.body)
@@ -461,14 +500,17 @@ def response_for_event(response: Response, url: str) -> dict[str, Any]:
     travels only whole and as it was sent: ``content`` is ``None`` and ``complete`` false when it
     was not read to the end (``max_body_bytes``), is over :data:`RESPONSE_BODY_EVENT_BYTES`, or
     holds a known secret (which the payload would mask), and when the headers are over
-    :data:`RESPONSE_HEADERS_EVENT_BYTES` or hold one. The worker then fetches the response again
-    rather than judge a part of it.
+    :data:`RESPONSE_HEADERS_EVENT_BYTES` or hold one, or a URL header (:data:`URL_HEADERS`) whose
+    secret-looking query values are masked. The worker then fetches the response again rather
+    than judge a part of it.
     """
-    headers = joined_headers(response)
+    sent = joined_headers(response)
+    headers = {name: redact_url(value) if name.lower() in URL_HEADERS else value for name, value in sent.items()}
     whole = (
         not response.truncated
         and len(response.body) <= RESPONSE_BODY_EVENT_BYTES
         and json_size(headers) <= RESPONSE_HEADERS_EVENT_BYTES
+        and headers == sent
         and redact_value(headers) == headers
         and redact(response.decoded) == response.decoded
     )
@@ -532,6 +574,7 @@ def refine_status(acceptor: Acceptor, where: str) -> Acceptor:
 
 __all__ = [
     "MATCHERS",
+    "PREDICATE_BODY_BYTES",
     "HttpBatchReadyTrigger",
     "as_status",
     "joined_headers",

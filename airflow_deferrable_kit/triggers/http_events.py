@@ -140,7 +140,9 @@ class HttpBatchReadyEventTrigger(EdgeEventTrigger, HttpBatchReadyTrigger):
         )
 
     def stream_identity(self) -> Any:
-        return {name: getattr(self, name) for name in REQUEST_PARAMETERS}
+        # How much of a body is read is the shared request's: a watcher with a predicate reads
+        # more (body_limit), so it never shares a response cut for watchers without one.
+        return {name: getattr(self, name) for name in REQUEST_PARAMETERS} | {"max_body_bytes": self.body_limit()}
 
     async def observe(self) -> tuple[Response, str, str]:
         """One request for every watcher of it; an error status backs the shared poll off."""
@@ -196,7 +198,7 @@ class HttpBatchReadyEventTrigger(EdgeEventTrigger, HttpBatchReadyTrigger):
     async def _changed_value(self, response: Response) -> Any:
         document = await response.document()
         if document is NOT_JSON or document is TOO_LARGE:
-            why = "not JSON" if document is NOT_JSON else f"larger than max_body_bytes={self.max_body_bytes}"
+            why = "not JSON" if document is NOT_JSON else self.too_large()
             raise FatalError(
                 f"fire_on_change={self.fire_on_change!r}: the ready answer's body is {why}",
                 error_type=ErrorType.PROTOCOL,

@@ -29,11 +29,14 @@ def explodes(response: dict[str, Any]) -> bool:
 
 #: Types of what ``ready_by_response`` was given, to prove it got a ``requests.Response``.
 RESPONSE_TYPES: list[str] = []
+#: Sizes of the bodies ``ready_by_response`` was given, to prove it got them whole.
+BODY_SIZES: list[int] = []
 
 
 def ready_by_response(response: Any) -> bool:
     """An official-style ``response_check``: judges a ``requests.Response``."""
     RESPONSE_TYPES.append(f"{type(response).__module__}.{type(response).__name__}")
+    BODY_SIZES.append(len(response.content))
     return bool(response.json().get("state") == "ready" and response.status_code == 200)
 
 

@@ -10,7 +10,7 @@ import base64
 import json
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 import structlog
@@ -144,3 +144,92 @@ def test_ordinary_header_values_are_not_secrets(monkeypatch: pytest.MonkeyPatch)
     assert headers["X-Team"] == "data"
     text = "s3://b/data/one.csv unknown_database application/json " + API_KEY
     assert _redact.redact(text) == "s3://b/data/one.csv unknown_database application/json ***"
+
+
+# ------------------------------------------------------------- URLs the server chose
+#: A pre-signed URL as an API answers 302 with it: S3's, GCS's and Azure SAS's signing
+#: parameters and an OAuth token, beside parameters that are no secret (kept as they are).
+SIGNED_VALUES = {
+    "X-Amz-Credential": "AKIAEXAMPLE0042%2F20240101%2Fus-east-1%2Fs3%2Faws4_request",
+    "X-Amz-Signature": "5f1e0c9a7b3d2e4f6a8b0c1d2e3f4a5b6c7d8e9f",
+    "X-Goog-Signature": "9e8d7c6b5a4f3e2d1c0b",
+    "access_token": "ya29.tokvalue-77",
+    "sig": "AzSig0042%2Bvalue",
+    "se": "2030-01-01T00%3A00%3A00Z",
+    "sp": "racwd",
+}
+SIGNED_QUERY = "&".join([*(f"{name}={value}" for name, value in SIGNED_VALUES.items()), "sv=2022-11-02", "part=1"])
+MASKED_QUERY = "&".join([*(f"{name}=***" for name in SIGNED_VALUES), "sv=2022-11-02", "part=1"])
+
+
+def signed_redirect(seen: Seen) -> Any:
+    if seen.path == "/v1/status":
+        return reply(302, headers={"Location": f"/signed/batch.json?{SIGNED_QUERY}"})
+    return reply(200, {"state": "ready"})
+
+
+def assert_no_signed_value(text: str) -> None:
+    values = [value for value in SIGNED_VALUES.values() if len(value) >= 5]
+    assert_clean(text, values + [unquote(value) for value in values])  # as sent, and as yarl prints it
+
+
+async def test_secret_query_values_of_a_url_the_server_chose_never_reach_the_xcom_or_log(
+    serve: Serve, connection: Conn
+) -> None:
+    server = serve(signed_redirect)
+    conn = connection("signed_api", host="127.0.0.1", port=server.port)
+    with structlog.testing.capture_logs() as logs:
+        payload = await run_trigger_payload(make(conn, select=["state"]))
+    assert payload["status"] == "success" and payload["redirects"] == 1
+    hop = server.requests[1]
+    assert {name: hop.query[name] for name in SIGNED_VALUES} == {
+        name: [unquote(value)] for name, value in SIGNED_VALUES.items()
+    }  # followed with the real values
+    assert payload["final_url"] == f"{server.url}/signed/batch.json?{MASKED_QUERY}"  # the names stay, the values go
+    assert_no_signed_value(json.dumps(payload) + json.dumps(logs, default=str))
+
+
+async def test_secret_query_values_of_a_url_the_server_chose_never_reach_an_asset_event(
+    serve: Serve, connection: Conn
+) -> None:
+    from airflow_deferrable_kit.testing_events import WatcherHarness
+    from airflow_deferrable_kit.triggers.http_events import HttpBatchReadyEventTrigger
+
+    server = serve(signed_redirect)
+    conn = connection("signed_api", host="127.0.0.1", port=server.port)
+    watcher = HttpBatchReadyEventTrigger(
+        http_conn_id=conn, endpoint="v1/status", poll_interval=0.05, backfill=True,
+        success=[{"path": "state", "equals": "ready"}],
+    )  # fmt: skip
+    with structlog.testing.capture_logs() as logs:
+        async with WatcherHarness() as triggerer:
+            watch = await triggerer.start(watcher)
+            [event] = await watch.wait_for_events(1)
+    assert event["final_url"] == f"{server.url}/signed/batch.json?{MASKED_QUERY}"
+    assert_no_signed_value(json.dumps(event) + json.dumps(logs, default=str))
+
+
+async def test_a_redirect_loop_through_a_signed_url_names_it_masked(serve: Serve, connection: Conn) -> None:
+    where = f"/v1/status?{SIGNED_QUERY}"  # quoted in the body too, as Express and nginx do
+    server = serve(lambda seen: reply(302, f"Found. Redirecting to {where}", headers={"Location": where}))
+    conn = connection("signed_api", host="127.0.0.1", port=server.port)
+    with structlog.testing.capture_logs() as logs:
+        payload = await run_trigger_payload(make(conn))
+    assert payload["status"] == "error" and payload["error_type"] == "bad_request"
+    assert f"redirect to '/v1/status?{MASKED_QUERY}' not followed" in payload["message"]
+    assert_no_signed_value(json.dumps(payload) + json.dumps(logs, default=str))
+
+
+async def test_a_url_header_of_the_answer_is_masked_in_the_response_an_event_carries(
+    serve: Serve, connection: Conn
+) -> None:
+    where = f"/signed/batch.json?{SIGNED_QUERY}"
+    server = serve(lambda seen: reply(200, {"state": "ready"}, headers={"Content-Location": where}))
+    conn = connection("signed_api", host="127.0.0.1", port=server.port)
+    payload = await run_trigger_payload(make(conn, include_response=True))
+    assert payload["status"] == "success"
+    response = payload["response"]
+    assert response["headers"]["Content-Location"] == f"/signed/batch.json?{MASKED_QUERY}"
+    # What the worker would judge is no longer what was sent: it fetches the response again.
+    assert response["complete"] is False and response["content"] is None
+    assert_no_signed_value(json.dumps(payload))

@@ -13,7 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 from airflow.sdk import Connection
+from multidict import CIMultiDict, CIMultiDictProxy
 
+from airflow_deferrable_kit import _redact
 from airflow_deferrable_kit._http.client import (
     MAX_RETRY_AFTER,
     base_url,
@@ -157,6 +159,50 @@ def test_aiohttp_errors_map_to_transient_or_fatal() -> None:
     assert classify_aiohttp_error(ConnectionResetError("reset")) is None
     assert classify_aiohttp_error(TimeoutError()) is None
     assert classify_aiohttp_error(ValueError("x")) is None
+
+
+SIGNED = "https://b.s3.example/k.csv?X-Amz-Signature=5f1e0c9a7b3d&X-Amz-Credential=AKIA0042%2Fs3&part=1"
+
+
+def test_aiohttp_messages_quoting_a_url_mask_its_secret_query_values() -> None:
+    # A connect timeout and a malformed answer quote the URL asked: after a redirect, the server's.
+    from yarl import URL
+
+    info = aiohttp.RequestInfo(URL(SIGNED), "GET", CIMultiDictProxy(CIMultiDict()), URL(SIGNED))
+    for exc in (
+        aiohttp.ConnectionTimeoutError(f"Connection timeout to host {SIGNED}"),
+        aiohttp.ClientResponseError(info, (), status=400, message="Invalid header value char"),
+    ):
+        error = classify_aiohttp_error(exc)
+        assert isinstance(error, TransientError) and error.error_type == "network"
+        assert "X-Amz-Signature=***&X-Amz-Credential=***&part=1" in error.message, error.message
+        assert "5f1e0c9a7b3d" not in error.message and "AKIA0042" not in error.message
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        # S3, GCS, Azure SAS and OAuth parameters: names kept, values masked, case-insensitively
+        (
+            "/d?X-Amz-Security-Token=t0k3n&X-Amz-Expires=300&x-amz-date=1",
+            "/d?X-Amz-Security-Token=***&X-Amz-Expires=***&x-amz-date=***",
+        ),
+        ("/d?X-Goog-Credential=svc%40p&X-Goog-Signature=ab12cd", "/d?X-Goog-Credential=***&X-Goog-Signature=***"),
+        ("/d?sv=2022-11-02&se=2030&sp=r&sig=Az%2Bs&sr=b", "/d?sv=2022-11-02&se=***&sp=***&sig=***&sr=b"),
+        ("/cb#access_token=ya29.x&token_type=bearer&state=s1", "/cb#access_token=***&token_type=***&state=s1"),
+        (
+            "/d?apiKey=k1&PASSWORD=p1&client_secret=c1&SessionId=s1&auth=a1",
+            "/d?apiKey=***&PASSWORD=***&client_secret=***&SessionId=***&auth=***",
+        ),
+        ("/d?code=oauth-code&status_code=200&page=2&user=bob", "/d?code=***&status_code=200&page=2&user=bob"),
+        ("https://bob:hunter22@h/x?part=1", "https://bob:***@h/x?part=1"),
+        ("/d?token=&sig", "/d?token=&sig"),  # nothing to mask
+        ("redirect to '/d?X-Amz-Signature=abc' not followed", "redirect to '/d?X-Amz-Signature=***' not followed"),
+    ],
+)
+def test_secret_looking_query_values_of_a_url_are_masked_by_name(url: str, expected: str) -> None:
+    assert _redact.redact_url(url) == expected
+    assert _redact.redact_url(expected) == expected  # idempotent
 
 
 # ----------------------------------------------------------------------------- imports

@@ -91,3 +91,21 @@ def test_failure_only_acceptors_are_fine_with_a_predicate() -> None:
         predicate="tests.integration.http.predicates:even_count_ready",
     )
     assert t.predicate == "tests.integration.http.predicates:even_count_ready"
+
+
+# ------------------------------------------------------------------------- body limit
+def test_a_predicate_raises_the_body_read_and_never_shares_a_response_read_for_less() -> None:
+    from airflow_deferrable_kit.triggers import http as http_trigger
+    from airflow_deferrable_kit.triggers.http_events import HttpBatchReadyEventTrigger
+
+    limit = getattr(http_trigger, "PREDICATE_BODY_BYTES", None)
+    assert limit is not None and limit >= 32 * 1024 * 1024  # a status document of a few MB is read whole
+    predicate = "tests.integration.http.predicates:even_count_ready"
+    assert trigger(predicate=predicate).body_limit() == limit
+    assert trigger(predicate=predicate, max_body_bytes=limit * 2).body_limit() == limit * 2  # never lowered
+    assert trigger(acceptors=[READY]).body_limit() == 1024 * 1024  # conditions alone: max_body_bytes
+    # Watchers of one request share one response: one with a predicate must not get a body cut
+    # at another's 1 MiB, so their shared looks differ.
+    plain = HttpBatchReadyEventTrigger(http_conn_id="batch_api", endpoint="v1/status", success=[{"status": 200}])
+    judged = HttpBatchReadyEventTrigger(http_conn_id="batch_api", endpoint="v1/status", predicate=predicate)
+    assert plain.shared_stream_key() != judged.shared_stream_key()
