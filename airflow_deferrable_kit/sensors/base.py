@@ -26,7 +26,7 @@ from airflow.sdk.definitions._internal.mixins import ResolveMixin
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralError, TaskDeferralTimeout
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, StartTriggerArgs
 
-from airflow_deferrable_kit._arguments import require_seconds
+from airflow_deferrable_kit._arguments import require_bool, require_seconds
 from airflow_deferrable_kit.connections import misses_are_final
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value, timeout_payload
@@ -276,6 +276,14 @@ class DeferrableSensor(BaseSensorOperator):
         start_from_trigger: bool = False,
         **kwargs: Any,
     ) -> None:
+        # A non-bool flag would be taken for its truth value, and "yes" would become deferrable itself.
+        require_bool(deferrable, argument="deferrable", optional=True)
+        for flag, value in (
+            ("check_before_defer", check_before_defer),
+            ("end_from_trigger", end_from_trigger),
+            ("start_from_trigger", start_from_trigger),
+        ):
+            require_bool(value, argument=flag)
         names = self.wait_parameter_names()
         params = {name: kwargs.pop(name) for name in names if name in kwargs}
         # Before Airflow's own checks: it crashes on inf, reads True as one second, and takes
@@ -334,8 +342,6 @@ class DeferrableSensor(BaseSensorOperator):
     def _refuse_start_from_trigger(self) -> None:
         """What cannot start in the triggerer is refused here, at DAG parse, with the fix."""
         where = f"{type(self).__name__} (task_id={self.task_id!r}): start_from_trigger=True"
-        if not isinstance(self.__dict__.get("start_from_trigger", False), bool):
-            raise TypeError(f"{where}: start_from_trigger must be True or False")
         if _airflow_version() < START_FROM_TRIGGER_SINCE:
             raise ValueError(
                 f"{where} needs Airflow 3.3 or later (this is {_airflow_version_text()}): the scheduler of earlier "
