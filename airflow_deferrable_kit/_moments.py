@@ -19,13 +19,19 @@ def in_utc(moment: dt.datetime, *, argument: str, given: Any) -> dt.datetime:
     """``moment`` (aware) in UTC; a moment UTC cannot hold is a ValueError naming the argument.
 
     Datetimes end at 9999-12-31, so ``9999-12-31T23:00:00-05:00`` (early in year 10000, UTC)
-    has no UTC form, nor has ``0001-01-01T01:00:00+05:00``; converting one overflows.
+    has no UTC form, nor has ``0001-01-01T01:00:00+05:00``; converting one overflows. An offset
+    of a day or more (``+25:00``) is accepted by pendulum's parser but by no Python timezone:
+    converting it raises a ``ValueError`` that names neither the argument nor the value.
     """
     try:
         return moment.astimezone(dt.timezone.utc)
     except OverflowError as exc:
         raise ValueError(
             f"{argument} must be a moment between 0001-01-01 and 9999-12-31 in UTC, got {given!r}"
+        ) from exc
+    except ValueError as exc:
+        raise ValueError(
+            f"{argument} must have a UTC offset strictly between -24:00 and +24:00, got {given!r}"
         ) from exc
 
 
