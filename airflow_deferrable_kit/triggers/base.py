@@ -463,12 +463,21 @@ class PollingTrigger(BaseTrigger):
         Airflow 3.3 renders the trigger kwargs named like the sensor's template fields, in the
         triggerer, just before :meth:`run`. The rendered values are checked as the sensor checks
         them on a worker; whatever is wrong (a bad value, a template that fails) ends the wait
-        with one ``error`` event naming it, never an exception in the triggerer. Template files
-        were read when the DAG was parsed: nothing here is read as a file name.
+        with one ``error`` event naming the argument, never an exception in the triggerer.
+        Template files were read when the DAG was parsed: nothing here is read as a file name.
         """
         self.template_ext = ()
         try:
-            super().render_template_fields(context, jinja_env)
+            self._render_each(context, jinja_env or self.get_template_env())
+        except _TemplateFailed as failed:
+            self._unbuilt = FatalError(
+                f"{type(self).__name__}: {failed.argument} could not be rendered in the triggerer: "
+                f"{describe_exception(failed.cause)}",
+                error_type=ErrorType.BAD_CONFIGURATION,
+            )
+            self.log.error("%s", redact(self._unbuilt.message))
+            return
+        try:
             self._check_arguments()
             self._deadline_from_start()
             self.work_out_from_run(context)
@@ -479,6 +488,23 @@ class PollingTrigger(BaseTrigger):
                 error_type=ErrorType.BAD_CONFIGURATION,
             )
             self.log.error("%s", redact(self._unbuilt.message))
+
+    def _render_each(self, context: Any, jinja_env: Any) -> None:
+        """Render each templated argument in place, naming the one whose template fails.
+
+        What Airflow's ``_do_render_template_fields`` does (empty values are left as they are),
+        one argument at a time: a template that raises or does not parse is reported under the
+        argument's name (Airflow's own rendering re-raises Jinja's error, which names no field).
+        """
+        for name in self.template_fields:
+            value = getattr(self, name)
+            if not value:
+                continue
+            try:
+                rendered = self.render_template(value, context, jinja_env, set())
+            except Exception as exc:
+                raise _TemplateFailed(name, exc) from exc
+            setattr(self, name, rendered)
 
     def work_out_from_run(self, context: Any) -> None:
         """Fix what a worker would have fixed from the run when the try started (``start_from_trigger``).
@@ -736,6 +762,16 @@ class PollingTrigger(BaseTrigger):
 
 
 _DEADLINE = object()
+
+
+class _TemplateFailed(Exception):
+    """A templated argument's template raised or did not parse while rendering in the triggerer."""
+
+    def __init__(self, argument: str, cause: Exception) -> None:
+        super().__init__(argument)
+        self.argument = argument
+        self.cause = cause
+
 
 #: The context the deadline timers run in: the callback reads no context variable, and a timer
 #: would otherwise keep a copy of its wait's context for as long as the wait lasts.

@@ -100,6 +100,27 @@ async def test_a_rendered_value_that_is_not_valid_ends_the_wait_with_one_clear_e
     assert "rendered in the triggerer" in event.payload["message"] and "target_time" in event.payload["message"]
 
 
+@pytest.mark.parametrize(
+    ("template", "error"),
+    [
+        ("s3://bucket/{{ 1 // 0 }}/data.csv", "ZeroDivisionError"),
+        ("s3://bucket/{{ ds /data.csv", "TemplateSyntaxError"),
+    ],
+    ids=["raises", "does-not-parse"],
+)
+async def test_a_template_that_fails_in_the_triggerer_ends_the_wait_with_one_error_naming_the_argument(
+    template: str, error: str
+) -> None:
+    sensor = S3KeySensor(task_id="wait", bucket_key=template, aws_conn_id="aws", start_from_trigger=True, timeout=60)
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    trigger = started(S3KeyTrigger, kwargs, fields=sensor.template_fields, context={"ds": "2026-12-02"})
+    event = await first_event(trigger)
+    assert (event.payload["status"], event.payload["error_type"]) == ("error", "bad_configuration")
+    assert event.payload["message"].startswith(
+        f"S3KeyTrigger: bucket_key could not be rendered in the triggerer: {error}"
+    )
+
+
 async def test_the_deadline_is_the_budget_counted_from_airflows_trigger_timeout_of_the_try() -> None:
     sensor = DateTimeSensor(
         task_id="at", target_time="2099-01-01T00:00:00+00:00", timeout=2, start_from_trigger=True, deferrable=True,
