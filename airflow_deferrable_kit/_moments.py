@@ -44,6 +44,14 @@ def to_utc_iso(value: str | dt.datetime, *, argument: str = "target_time") -> st
     strict), so ``"Jan 1 2024 11pm"`` means what it means there. A moment UTC cannot hold
     (``9999-12-31T23:00:00-05:00``) is a ValueError naming the argument.
     """
+    if isinstance(value, str):  # ISO 8601 with an offset (what triggers carry): no pendulum parse
+        try:
+            exact = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            exact = None
+        if exact is not None and exact.tzinfo is not None:
+            return in_utc(exact, argument=argument, given=value).isoformat()
+
     from airflow.sdk import timezone
 
     if isinstance(value, dt.datetime):

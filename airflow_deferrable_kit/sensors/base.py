@@ -376,13 +376,38 @@ class DeferrableSensor(BaseSensorOperator):
     def start_trigger(self) -> tuple[type[PollingTrigger], dict[str, Any]]:
         """The trigger Airflow builds when it starts this wait in the triggerer, and its wait's kwargs.
 
-        Templated values stay as written, under the sensor's own names: Airflow renders them in
-        the triggerer. A sensor whose worker works something out when a try starts gives a
-        trigger that works it out there instead (:class:`~airflow_deferrable_kit.sensors.temporal.RunMomentSensor`).
+        The kwargs are :meth:`trigger_params`, as on a worker. Templated values stay as written,
+        under the sensor's own names: Airflow renders them in the triggerer, where no sensor
+        runs, and the trigger's own ``normalise()`` brings them to their form there, as it does
+        on a worker. So ``trigger_params`` may normalise what is known at parse, and must leave a
+        templated value as it is: one it changes, or cannot take unrendered, would reach the
+        triggerer in another form than the worker's, and is refused here, at parse. A sensor
+        whose worker works something out when a try starts gives a trigger that works it out
+        there instead (:class:`~airflow_deferrable_kit.sensors.temporal.RunMomentSensor`).
         """
-        names = self.wait_parameter_names()
-        raw = [getattr(self, name) for name in names]
-        params = self.trigger_params() if not is_unresolved(raw) else dict(zip(names, raw, strict=True))
+        raw = {name: getattr(self, name) for name in self.wait_parameter_names()}
+        templated = [name for name, value in raw.items() if is_unresolved(value)]
+        if not templated:
+            return self.trigger_class, self.trigger_params()
+        where = f"{type(self).__name__} (task_id={self.task_id!r}): start_from_trigger=True"
+        fix = (
+            f"started in the triggerer, a templated argument is rendered there, where no sensor runs "
+            f"trigger_params(). Normalise it in {self.trigger_class.__name__}.normalise(), which runs after "
+            "rendering on both paths (see docs/start-from-trigger.md), or drop start_from_trigger"
+        )
+        try:
+            params = self.trigger_params()
+        except Exception as exc:
+            raise ValueError(
+                f"{where}: {type(self).__name__}.trigger_params() fails on the unrendered {', '.join(templated)} "
+                f"({type(exc).__name__}: {exc}); {fix}"
+            ) from exc
+        changed = [name for name in templated if name not in params or params[name] != raw[name]]
+        if changed:
+            raise ValueError(
+                f"{where}: {type(self).__name__}.trigger_params() changes the templated {', '.join(changed)}, "
+                f"so a worker and the triggerer would wait on different values; {fix}"
+            )
         return self.trigger_class, params
 
     def _set_start_trigger_args(self) -> None:
@@ -479,7 +504,12 @@ class DeferrableSensor(BaseSensorOperator):
         return field.default
 
     def trigger_params(self) -> dict[str, Any]:
-        """The wait's own trigger kwargs from this (rendered) sensor; override to normalise values."""
+        """The wait's own trigger kwargs from this (rendered) sensor.
+
+        Override it for what only the sensor knows (its callables, what its last look saw). A
+        value's form (a tuple to a list, a moment to UTC) belongs in the trigger's ``normalise()``:
+        with ``start_from_trigger`` no sensor runs after rendering (see :meth:`start_trigger`).
+        """
         return {name: getattr(self, name) for name in self.wait_parameter_names()}
 
     def build_trigger(self, deadline: str | None) -> PollingTrigger:

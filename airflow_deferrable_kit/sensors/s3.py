@@ -123,12 +123,6 @@ class S3KeySensor(DeferrableSensor):
             return bool(self.check_fn(files, **context))
         return bool(self.check_fn(files))
 
-    def trigger_params(self) -> dict[str, Any]:
-        params = super().trigger_params()
-        if isinstance(params["bucket_key"], tuple):
-            params["bucket_key"] = list(params["bucket_key"])
-        return params
-
 
 class S3KeysUnchangedSensor(DeferrableSensor):
     """Succeed once the keys under ``prefix`` have not changed for ``inactivity_period`` seconds.

@@ -356,6 +356,7 @@ class PollingTrigger(BaseTrigger):
         self._check_arguments()
 
     def _check_arguments(self) -> None:
+        self.normalise()
         self._validate_common()
         self.validate()
         require_json_primitives(self._kwargs(), what=f"{type(self).__name__} kwargs")
@@ -389,6 +390,18 @@ class PollingTrigger(BaseTrigger):
             require_seconds(self.start_budget, argument="start_budget", allow_zero=True)
             if self.deadline is not None:
                 raise ValueError("start_budget and deadline are two ways to say when the wait ends; give one")
+
+    def normalise(self) -> None:
+        """Bring the parameters to their one form (a tuple to a list, a moment to UTC ISO), in place.
+
+        Runs before :meth:`validate` wherever the trigger's arguments are final: when it is built
+        from a sensor on a worker (deferral, poke, the first look) and, with ``start_from_trigger``,
+        in the triggerer once Airflow has rendered the templated arguments there, where no sensor
+        runs. So a value that may be templated is normalised here, never in the sensor's
+        ``trigger_params()``, or the two paths would wait on different values. Must be idempotent:
+        a trigger rebuilt from its own kwargs normalises them again. A ``ValueError`` naming the
+        argument refuses the value, as from :meth:`validate`.
+        """
 
     def validate(self) -> None:
         """Check the subclass's parameters; raise ``ValueError`` naming the argument."""

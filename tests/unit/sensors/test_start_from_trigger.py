@@ -91,13 +91,103 @@ def test_templates_are_rendered_in_the_triggerer_and_then_checked() -> None:
 
 async def test_a_rendered_value_that_is_not_valid_ends_the_wait_with_one_clear_error() -> None:
     sensor = DateTimeSensor(
-        task_id="at", target_time="{{ ds }}", timeout=60, start_from_trigger=True, deferrable=True
-    )  # a date with no time or offset: not a moment
+        task_id="at", target_time="{{ ds }} soon", timeout=60, start_from_trigger=True, deferrable=True
+    )  # not a moment, on a worker either
     kwargs = sensor.start_trigger_args.trigger_kwargs
     trigger = started(DateTimeTrigger, kwargs, fields=sensor.template_fields, context={"ds": "2026-12-02"})
     event = await first_event(trigger)
     assert event.payload["status"] == "error" and event.payload["error_type"] == "bad_configuration"
-    assert "rendered in the triggerer" in event.payload["message"] and "target_time" in event.payload["message"]
+    assert "rendered in the triggerer" in event.payload["message"]
+    assert "target_time could not be parsed as a date and time: '2026-12-02 soon'" in event.payload["message"]
+
+
+# ------------------------------------------------ the sensor's normalisation, after rendering
+def as_the_triggerer_builds(dag: DAG, task_id: str, context: dict[str, Any]) -> Any:
+    """The trigger as Airflow makes it from the serialized DAG: the scheduler's start_trigger_args
+    (encoded in the DAG, decoded by the triggerer as ``create_triggers`` does), then rendered."""
+    from airflow._shared.module_loading import import_string
+    from airflow.serialization.decoders import smart_decode_trigger_kwargs
+
+    task = DagSerialization.from_dict(DagSerialization.to_dict(dag)).get_task(task_id)
+    args = task.start_trigger_args
+    encoded = smart_decode_trigger_kwargs(args.trigger_kwargs)
+    kwargs = {name: smart_decode_trigger_kwargs(value) for name, value in encoded.items()}
+    return started(import_string(args.trigger_cls), kwargs, fields=tuple(task.template_fields), context=context)
+
+
+def as_a_worker_builds(sensor: Any, context: dict[str, Any]) -> Any:
+    """The trigger a worker defers with, from the same run: rendered, then ``build_trigger``."""
+    sensor.render_template_fields(context)
+    return sensor.build_trigger(deadline=None)
+
+
+WAIT_KWARGS = ("poll_interval", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push", "max_backoff")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: S3KeySensor(
+            task_id="w", bucket_key=("s3://exports/{{ ds }}/a.csv", "s3://exports/b.csv"), aws_conn_id="aws",
+            start_from_trigger=True,
+        ),
+        lambda: DateTimeSensor(task_id="w", target_time="{{ ds }}", start_from_trigger=True),
+        lambda: DateTimeSensor(task_id="w", target_time="{{ ds }}T06:00:00+02:00", start_from_trigger=True),
+    ],
+    ids=["s3-tuple-of-keys", "datetime-date-only", "datetime-with-offset"],
+)  # fmt: skip
+def test_the_triggerer_normalises_rendered_values_as_the_worker_does(make: Any) -> None:
+    """The sensor's normalisation used to be skipped in the triggerer: a tuple of keys was refused
+    (bad_configuration) and ``{{ ds }}`` was no moment, where the worker path waited on both."""
+    with DAG(dag_id="sft_normalised", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        sensor = make()
+    context = {"ds": "2026-12-02"}
+    in_triggerer = as_the_triggerer_builds(dag, "w", context)
+    assert in_triggerer._unbuilt is None, in_triggerer._unbuilt
+    on_worker = as_a_worker_builds(make(), context)
+    wait = [name for name in sensor.wait_parameter_names()]
+    assert {name: getattr(in_triggerer, name) for name in [*wait, *WAIT_KWARGS]} == {
+        name: getattr(on_worker, name) for name in [*wait, *WAIT_KWARGS]
+    }
+
+
+class _LowercaseBucketSensor(S3KeySensor):
+    """A user's own sensor normalising an argument known at parse (``bucket_name``) in trigger_params."""
+
+    def trigger_params(self) -> dict[str, Any]:
+        params = super().trigger_params()
+        params["bucket_name"] = params["bucket_name"].lower()
+        return params
+
+
+class _StrippedKeySensor(S3KeySensor):
+    """A user's own sensor normalising a templated argument in trigger_params: no sensor runs
+    after rendering in the triggerer, so this cannot be applied there."""
+
+    def trigger_params(self) -> dict[str, Any]:
+        params = super().trigger_params()
+        params["bucket_key"] = params["bucket_key"].strip()
+        return params
+
+
+def test_a_subclass_trigger_params_applies_to_what_is_known_at_parse_even_beside_a_template() -> None:
+    """trigger_params() was skipped whenever any argument was templated."""
+    with DAG(dag_id="sft_subclass", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        _LowercaseBucketSensor(
+            task_id="w", bucket_key="{{ ds }}/a.csv", bucket_name="Exports", aws_conn_id="aws", start_from_trigger=True
+        )
+    trigger = as_the_triggerer_builds(dag, "w", {"ds": "2026-12-02"})
+    assert trigger._unbuilt is None, trigger._unbuilt
+    assert (trigger.bucket_name, trigger.bucket_key) == ("exports", "2026-12-02/a.csv")
+
+
+def test_a_subclass_trigger_params_that_changes_a_templated_value_is_refused_at_parse() -> None:
+    with pytest.raises(ValueError, match=r"start_from_trigger=True: _StrippedKeySensor\.trigger_params\(\) changes the "
+                       r"templated bucket_key.*S3KeyTrigger\.normalise\(\)"):  # fmt: skip
+        _StrippedKeySensor(
+            task_id="w", bucket_key=" s3://exports/{{ ds }}/a.csv ", aws_conn_id="aws", start_from_trigger=True
+        )
+    _StrippedKeySensor(task_id="w", bucket_key=" s3://exports/{{ ds }}/a.csv ", aws_conn_id="aws")  # a worker runs it
 
 
 @pytest.mark.parametrize(
