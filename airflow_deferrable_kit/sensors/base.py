@@ -28,6 +28,7 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, StartTriggerArg
 
 from airflow_deferrable_kit._arguments import require_bool, require_seconds
 from airflow_deferrable_kit.connections import misses_are_final
+from airflow_deferrable_kit.errors import describe_exception
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value, timeout_payload
 from airflow_deferrable_kit.triggers.base import BACKSTOP_SECONDS, PollingTrigger, deadline_after, parse_deadline
@@ -158,6 +159,34 @@ def is_unresolved(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(is_unresolved(v) for v in value)
     return False
+
+
+def _resume_event(context: Context) -> Any:
+    """The trigger's event this try resumes with, or ``None`` when it is not resuming.
+
+    Read from what the API server sent the worker for this try (``next_method`` and
+    ``next_kwargs``), decoded as Airflow's task runner decodes it before calling
+    ``resume_execution`` (serde, else the older BaseSerialization form). Anything unexpected
+    reads as "not resuming", so rendering errors then surface as before.
+    """
+    from_server = getattr(context.get("ti"), "_ti_context_from_server", None)
+    if getattr(from_server, "next_method", None) is None:
+        return None
+    data = getattr(from_server, "next_kwargs", None) or {}
+    try:
+        from airflow.sdk.serde import deserialize
+
+        kwargs = deserialize(data)
+    except (ImportError, KeyError, AttributeError, TypeError):
+        try:
+            from airflow.serialization.serialized_objects import BaseSerialization
+
+            kwargs = BaseSerialization.deserialize(data)
+        except Exception:
+            return None
+    except Exception:
+        return None
+    return kwargs.get("event") if isinstance(kwargs, dict) else None
 
 
 def _holds_xcom_arg(value: Any) -> bool:
@@ -537,7 +566,26 @@ class DeferrableSensor(BaseSensorOperator):
 
         Airflow applies ``template_ext`` to every string of every templated field, nested ones
         included, so ``match={"file_name": "daily.sql"}`` would be read as a template file.
+
+        A try that resumes with the trigger's ``error`` event ends with that error even if the
+        arguments do not render here: the worker renders again (strictly, with the DAG's
+        ``StrictUndefined``) before it resumes, and a wait started in the triggerer whose
+        ``dag_run.conf`` key was missing would otherwise end with Jinja's ``UndefinedError``
+        after the trigger's ``bad_configuration`` naming the argument: two errors for one mistake.
         """
+        try:
+            self._render_fields(context, jinja_env)
+        except Exception as exc:
+            event = _resume_event(context)
+            if not (isinstance(event, dict) and event.get("status") == ERROR):
+                raise
+            self.log.info(
+                "The templated arguments do not render here either (%s); the task ends with the error the "
+                "trigger reported",
+                describe_exception(exc),
+            )
+
+    def _render_fields(self, context: Context, jinja_env: Any) -> None:
         jinja_env = jinja_env or self.get_template_env()
         files = tuple(name for name in self.template_fields if name in self.file_template_fields)
         self._do_render_template_fields(self, files, context, jinja_env, set())

@@ -306,6 +306,7 @@ class PollingTrigger(BaseTrigger):
         "_last_error",
         "_leases",
         "_metrics",
+        "_rendered",
         *_SET_BY_AIRFLOW,
     )
 
@@ -480,6 +481,7 @@ class PollingTrigger(BaseTrigger):
         Template files were read when the DAG was parsed: nothing here is read as a file name.
         """
         self.template_ext = ()
+        self._rendered = True
         try:
             self._render_each(context, jinja_env or self.get_template_env())
         except _TemplateFailed as failed:
@@ -564,8 +566,33 @@ class PollingTrigger(BaseTrigger):
         return hash((classpath, json.dumps(kwargs, sort_keys=True)))
 
     # ------------------------------------------------------------------------ the loop
+    def _never_rendered(self) -> FatalError | None:
+        """The error of a wait Airflow started in the triggerer but never rendered, else ``None``.
+
+        Airflow renders a ``start_from_trigger`` wait only when it builds the workload with the
+        DAG's data, and builds it without when the task is not in its run's DAG version (or that
+        version cannot be loaded): the kwargs still hold the templates as written in the DAG, and
+        the wait would poll for the literal ``s3://bucket/{{ ds }}/...`` until its timeout.
+        """
+        if self.start_budget is None or getattr(self, "_rendered", False):
+            return None
+        templated = [name for name, value in self._kwargs().items() if holds_template(value)]
+        if not templated:
+            return None
+        return FatalError(
+            f"{type(self).__name__}: {', '.join(templated)} still hold(s) a template that was never rendered: "
+            "Airflow started this wait in the triggerer without the DAG it renders templates from (the task "
+            "is not in the DAG version of its run, or that version could not be loaded). Clear the task once "
+            "its DAG holds it, to start it again",
+            error_type=ErrorType.BAD_CONFIGURATION,
+        )
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         self._deadline_from_start()
+        if self._unbuilt is None:
+            self._unbuilt = self._never_rendered()
+            if self._unbuilt is not None:
+                self.log.error("%s", redact(self._unbuilt.message))
         if self._unbuilt is not None:
             # A plain event, whatever the flags (they may be what was wrong): the task resumes
             # on a worker, which fails it with this message, as it would at its first look.

@@ -16,11 +16,12 @@ import pytest
 from airflow.sdk import DAG
 from airflow.serialization.serialized_objects import DagSerialization
 
-from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE
+from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE, WaitFailedError
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
 from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
 from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor, TimeSensor, WaitSensor
+from airflow_deferrable_kit.testing import run_trigger
 from airflow_deferrable_kit.triggers.base import BACKSTOP_SECONDS
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
@@ -209,6 +210,72 @@ async def test_a_template_that_fails_in_the_triggerer_ends_the_wait_with_one_err
     assert event.payload["message"].startswith(
         f"S3KeyTrigger: bucket_key could not be rendered in the triggerer: {error}"
     )
+
+
+async def test_a_missing_conf_key_fails_the_task_with_the_triggers_one_error_not_jinjas() -> None:
+    """The trigger reports the missing value (bad_configuration naming bucket_key); the worker that
+    resumes the task renders again, strictly, and used to end the task with Jinja's UndefinedError."""
+    from airflow.sdk.api.datamodels._generated import DagRun, TIRunContext
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    from airflow.sdk.serde import serialize
+
+    with DAG(dag_id="sft_conf", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        sensor = S3KeySensor(
+            task_id="wait", bucket_key="{{ dag_run.conf['export'] }}", bucket_name="exports", aws_conn_id="aws",
+            start_from_trigger=True, timeout=60,
+        )  # fmt: skip
+    run = DagRun.model_construct(conf={})  # the run was triggered without the "export" key
+    trigger = started(S3KeyTrigger, sensor.start_trigger_args.trigger_kwargs, fields=sensor.template_fields,
+                      context={"dag_run": run})  # fmt: skip
+    payload = (await run_trigger(trigger)).payload
+    assert (payload["status"], payload["error_type"]) == ("error", "bad_configuration")
+    assert "bucket_key" in payload["message"]
+
+    # The worker resuming the task, as Airflow's task runner does it: the event in next_kwargs,
+    # the DAG's strict template environment, then resume_execution.
+    from_server = TIRunContext.model_construct(
+        next_method="execute_complete", next_kwargs=serialize({"event": payload})
+    )
+    ti = RuntimeTaskInstance.model_construct(task_id="wait", task=sensor, _ti_context_from_server=from_server)
+    context: Any = {"ti": ti, "task": sensor, "dag_run": run}
+    sensor.render_template_fields(context, jinja_env=dag.get_template_env())
+    with pytest.raises(WaitFailedError) as failed:
+        sensor.resume_execution("execute_complete", {"event": payload}, context)
+    assert str(failed.value) == f"bad_configuration: {payload['message']}"
+
+
+def test_a_worker_resuming_with_a_success_still_raises_a_template_that_does_not_render() -> None:
+    """Only the trigger's error stands in for a rendering error: anything else surfaces as before."""
+    from airflow.sdk.api.datamodels._generated import DagRun, TIRunContext
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    from airflow.sdk.serde import serialize
+    from jinja2 import UndefinedError
+
+    with DAG(dag_id="sft_conf_ok", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        sensor = S3KeySensor(
+            task_id="wait", bucket_key="{{ dag_run.conf['export'] }}", bucket_name="exports", aws_conn_id="aws",
+            start_from_trigger=True, timeout=60,
+        )  # fmt: skip
+    success = {"status": "success", "keys": []}
+    from_server = TIRunContext.model_construct(
+        next_method="execute_complete", next_kwargs=serialize({"event": success})
+    )
+    ti = RuntimeTaskInstance.model_construct(task_id="wait", task=sensor, _ti_context_from_server=from_server)
+    with pytest.raises(UndefinedError):
+        sensor.render_template_fields({"ti": ti, "dag_run": DagRun.model_construct(conf={})}, dag.get_template_env())
+
+
+async def test_a_wait_started_without_the_dags_data_ends_at_once_naming_the_unrendered_argument() -> None:
+    """Airflow builds the workload without the DAG's data (so renders nothing) when the task is not
+    in its run's DAG version: the wait used to poll for the literal template until its timeout."""
+    sensor = S3KeySensor(
+        task_id="wait", bucket_key="s3://bucket/{{ ds }}/data.csv", aws_conn_id="aws", start_from_trigger=True,
+        timeout=3600,
+    )  # fmt: skip
+    trigger = S3KeyTrigger(**sensor.start_trigger_args.trigger_kwargs)  # built, never rendered
+    payload = (await run_trigger(trigger, timeout=10)).payload
+    assert (payload["status"], payload["error_type"]) == ("error", "bad_configuration")
+    assert payload["message"].startswith("S3KeyTrigger: bucket_key still hold(s) a template that was never rendered")
 
 
 async def test_the_deadline_is_the_budget_counted_from_airflows_trigger_timeout_of_the_try() -> None:
