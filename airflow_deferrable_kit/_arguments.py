@@ -30,6 +30,18 @@ def require_conn_id(value: Any, *, argument: str, optional: bool = False) -> Non
         raise ValueError(f"{argument} must be {choices}, got {value!r}")
 
 
+def require_bool(value: Any, *, argument: str, optional: bool = False) -> None:
+    """A flag is ``True`` or ``False`` (``None`` too, if ``optional``: "use the default").
+
+    ``"yes"``, ``"False"`` or ``1`` would be taken for their truth value and could go on as the
+    flag's value itself (``deferrable="yes"``), so anything but a bool is refused at parse.
+    """
+    if isinstance(value, bool) or (optional and value is None):
+        return
+    choices = "True or False" + (", or None for the default" if optional else "")
+    raise ValueError(f"{argument} expects {choices}, got {value!r}")
+
+
 def require_seconds(value: Any, *, argument: str, allow_zero: bool = False, allow_timedelta: bool = False) -> float:
     """A finite number of seconds, above zero (or zero, if ``allow_zero``), at most :data:`MAX_SECONDS`.
 
@@ -69,4 +81,4 @@ def take_official_name(target: Any, official: str, own: str, *, default: Any) ->
     setattr(target, official, None)
 
 
-__all__ = ["MAX_SECONDS", "require_conn_id", "require_seconds", "take_official_name"]
+__all__ = ["MAX_SECONDS", "require_bool", "require_conn_id", "require_seconds", "take_official_name"]

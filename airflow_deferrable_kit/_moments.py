@@ -19,13 +19,19 @@ def in_utc(moment: dt.datetime, *, argument: str, given: Any) -> dt.datetime:
     """``moment`` (aware) in UTC; a moment UTC cannot hold is a ValueError naming the argument.
 
     Datetimes end at 9999-12-31, so ``9999-12-31T23:00:00-05:00`` (early in year 10000, UTC)
-    has no UTC form, nor has ``0001-01-01T01:00:00+05:00``; converting one overflows.
+    has no UTC form, nor has ``0001-01-01T01:00:00+05:00``; converting one overflows. An offset
+    of a day or more (``+25:00``) is accepted by pendulum's parser but by no Python timezone:
+    converting it raises a ``ValueError`` that names neither the argument nor the value.
     """
     try:
         return moment.astimezone(dt.timezone.utc)
     except OverflowError as exc:
         raise ValueError(
             f"{argument} must be a moment between 0001-01-01 and 9999-12-31 in UTC, got {given!r}"
+        ) from exc
+    except ValueError as exc:
+        raise ValueError(
+            f"{argument} must have a UTC offset strictly between -24:00 and +24:00, got {given!r}"
         ) from exc
 
 
@@ -38,6 +44,14 @@ def to_utc_iso(value: str | dt.datetime, *, argument: str = "target_time") -> st
     strict), so ``"Jan 1 2024 11pm"`` means what it means there. A moment UTC cannot hold
     (``9999-12-31T23:00:00-05:00``) is a ValueError naming the argument.
     """
+    if isinstance(value, str):  # ISO 8601 with an offset (what triggers carry): no pendulum parse
+        try:
+            exact = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            exact = None
+        if exact is not None and exact.tzinfo is not None:
+            return in_utc(exact, argument=argument, given=value).isoformat()
+
     from airflow.sdk import timezone
 
     if isinstance(value, dt.datetime):

@@ -3,11 +3,24 @@
 Triggers carry only a ``conn_id``; credentials are looked up where the trigger runs, through
 Airflow's async connection API, so no secret is ever stored in trigger kwargs.
 
-"Not found" is not final at once: inside the triggerer, Airflow's execution-API secrets backend
-answers ``None`` when it cannot reach its supervisor (a triggerer restart, an API blip), which
-looks exactly like a missing connection. A miss is therefore retried as a transient error for
-:data:`NOT_FOUND_GRACE` seconds from the first miss of that ``conn_id`` in this process; a
-connection that really does not exist ends the wait with one clear error when the window closes.
+"Not found" is not always final at once: inside the triggerer, Airflow's execution-API secrets
+backend answers ``None`` when it cannot reach its supervisor or the API server (a triggerer
+restart, an API blip), which looks exactly like a missing connection; so does any secrets backend
+that raised (Airflow's lookup skips it). After a miss, every secrets backend Airflow uses here is
+asked again, one by one, so that "could not ask" is told from "no" (:func:`_unanswered`):
+
+* every backend answered "no" (each returned nothing without raising, and the API server
+  itself answered "no such connection" through the supervisor): the connection cannot exist
+  now, and the wait ends at once with one clear error, as on a worker. What is believed is an
+  answer, never a silence: a backend that raised, or a supervisor or API server that could not
+  be reached, is not a "no";
+* any backend could not answer: the miss is retried as a transient error for
+  :data:`NOT_FOUND_GRACE` seconds from the first miss of that ``conn_id`` in this process, and a
+  connection still missing when the window closes ends the wait with one clear error.
+
+The trade-off of that window: a typo'd ``conn_id`` during an outage of the API server or of a
+secrets backend fails 30 s later than it could, and a connection created within those 30 s is
+used, rather than a restart failing every wait at once. The deferred waits' log line says so.
 
 The window is the triggerer's alone. A worker looks a connection up through its own task
 supervisor, as Airflow's own sensors do, and they fail at the first poke on an unknown
@@ -26,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -89,8 +103,8 @@ async def get_connection(
         lookup.add_done_callback(lambda _: pending.pop(conn_id, None))
     try:
         conn: Connection = await asyncio.shield(lookup)
-    except LookupError as exc:
-        raise _not_found(conn_id, argument) from exc
+    except _Missed as exc:
+        raise _not_found(conn_id, argument, exc.unanswered) from exc
     _first_miss.pop(conn_id, None)
     conn_type = (getattr(conn, "conn_type", None) or "").lower()
     if conn_types is not None and conn_type not in (*conn_types, "", "generic"):
@@ -131,16 +145,22 @@ def _missing(conn_id: str, argument: str, since: str) -> FatalError:
     )
 
 
-def _not_found(conn_id: str, argument: str) -> TransientError | FatalError:
-    """Transient within the grace window of the first miss, fatal once it has closed (or in a worker)."""
+def _not_found(conn_id: str, argument: str, unanswered: list[str]) -> TransientError | FatalError:
+    """Fatal at once in a worker or when every backend said no; else transient within the grace
+    window of the first miss, and fatal once it has closed (see the module docstring)."""
     if _misses_final.get():
         return _missing(conn_id, argument, "")
+    if not unanswered:
+        _first_miss.pop(conn_id, None)
+        return _missing(conn_id, argument, " (every secrets backend asked here said so)")
     now = _now()
     first = _first_miss.setdefault(conn_id, now)
     if now - first < NOT_FOUND_GRACE:
         return ConnectionMissing(
-            f"{argument}={conn_id!r}: Airflow found no connection with this id; asking again for up to "
-            f"{NOT_FOUND_GRACE:g}s in case Airflow could not be asked (a triggerer restart answers the same way)",
+            f"{argument}={conn_id!r}: Airflow found no connection with this id, but {', '.join(unanswered)} could "
+            f"not be asked, as during a triggerer restart or an outage; asking again for up to {NOT_FOUND_GRACE:g}s "
+            "before failing the wait (a connection that is really missing fails it then, see "
+            "docs/operations.md#connections)",
             conn_id=conn_id,
             argument=argument,
             grace_left=first + NOT_FOUND_GRACE - now,
@@ -163,6 +183,14 @@ def believed_before_deadline(error: WaitError, *, seconds_left: float | None, lo
     return error
 
 
+class _Missed(LookupError):
+    """Airflow found no connection ``conn_id``; ``unanswered`` names the backends that could not say."""
+
+    def __init__(self, conn_id: str, unanswered: list[str]) -> None:
+        super().__init__(conn_id)
+        self.unanswered = unanswered
+
+
 async def _lookup(conn_id: str) -> Connection:
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
@@ -170,11 +198,80 @@ async def _lookup(conn_id: str) -> Connection:
     try:
         conn = await BaseHook.aget_connection(conn_id)
     except AirflowNotFoundException as exc:
-        raise LookupError(conn_id) from exc
+        unanswered = [] if _misses_final.get() else await _unanswered(conn_id)
+        raise _Missed(conn_id, unanswered) from exc
     # Its secrets are known from now on, so no payload, message or log line of ours can carry them
     # (the extra's are registered when a client reads it, through get_extra, read once).
     register_connection(conn)
     return conn
+
+
+async def _unanswered(conn_id: str) -> list[str]:
+    """The secrets backends that could not say whether ``conn_id`` exists; empty if all said no.
+
+    Asked after Airflow's own lookup missed, in its order, the way it asks them, with one
+    difference: an answer is told from a failure. A backend that returns nothing without raising
+    answered "no" (the environment, a local file, Vault or AWS Secrets Manager when the secret
+    is absent: their errors raise). Airflow's execution-API backend is the exception: it returns
+    nothing for "not found" and for "could not ask" alike, so the supervisor is asked directly
+    and only its API server's explicit ``CONNECTION_NOT_FOUND`` counts as "no". A backend that
+    now finds the connection (created a moment ago) is counted as not having said "no": the
+    retry that follows finds it. Anything this cannot work out counts as "could not ask", so
+    the answer can only make the grace window apply, never skip it wrongly.
+    """
+    try:
+        from airflow.sdk.execution_time.supervisor import ensure_secrets_backend_loaded
+
+        backends = await asyncio.to_thread(ensure_secrets_backend_loaded)
+    except Exception as exc:
+        return [f"Airflow's secrets backends ({type(exc).__name__})"]
+    unanswered: list[str] = []
+    for backend in backends:
+        name = type(backend).__name__
+        if _is_execution_api(backend):
+            if not await _api_says_missing(conn_id):
+                unanswered.append(f"{name} (the API server, through the triggerer's supervisor)")
+            continue
+        try:
+            ask = getattr(backend, "aget_connection", None)
+            found = ask(conn_id) if ask is not None else await asyncio.to_thread(backend.get_connection, conn_id)
+            if inspect.isawaitable(found):
+                found = await found
+        except Exception:
+            unanswered.append(name)
+            continue
+        if found is not None:
+            unanswered.append(name)
+    return unanswered
+
+
+def _is_execution_api(backend: object) -> bool:
+    try:
+        from airflow.sdk.execution_time.secrets.execution_api import ExecutionAPISecretsBackend
+    except ImportError:
+        return type(backend).__name__ == "ExecutionAPISecretsBackend"
+    return isinstance(backend, ExecutionAPISecretsBackend)
+
+
+async def _api_says_missing(conn_id: str) -> bool:
+    """Whether the API server answered, through this process's supervisor, that ``conn_id`` is not defined.
+
+    The message the execution-API backend itself sends (``GetConnection``); its answer is an
+    ``ErrorResponse`` naming ``CONNECTION_NOT_FOUND`` when the API server said 404. A failed send,
+    an error frame (API server unreachable), or no supervisor at all is not an answer.
+    """
+    try:
+        from airflow.sdk.exceptions import ErrorType as AirflowErrorType
+        from airflow.sdk.execution_time import task_runner
+        from airflow.sdk.execution_time.comms import ErrorResponse, GetConnection
+
+        comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
+        if comms is None:
+            return False
+        answer = await comms.asend(GetConnection(conn_id=conn_id))
+    except Exception:
+        return False
+    return isinstance(answer, ErrorResponse) and answer.error == AirflowErrorType.CONNECTION_NOT_FOUND
 
 
 async def get_extra(conn: Connection) -> dict[str, Any]:

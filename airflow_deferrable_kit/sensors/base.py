@@ -26,8 +26,9 @@ from airflow.sdk.definitions._internal.mixins import ResolveMixin
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferralError, TaskDeferralTimeout
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, StartTriggerArgs
 
-from airflow_deferrable_kit._arguments import require_seconds
+from airflow_deferrable_kit._arguments import require_bool, require_seconds
 from airflow_deferrable_kit.connections import misses_are_final
+from airflow_deferrable_kit.errors import describe_exception
 from airflow_deferrable_kit.extras import require_extra
 from airflow_deferrable_kit.payload import ERROR, SUCCESS, TIMEOUT, cap_value, timeout_payload
 from airflow_deferrable_kit.triggers.base import BACKSTOP_SECONDS, PollingTrigger, deadline_after, parse_deadline
@@ -160,6 +161,34 @@ def is_unresolved(value: Any) -> bool:
     return False
 
 
+def _resume_event(context: Context) -> Any:
+    """The trigger's event this try resumes with, or ``None`` when it is not resuming.
+
+    Read from what the API server sent the worker for this try (``next_method`` and
+    ``next_kwargs``), decoded as Airflow's task runner decodes it before calling
+    ``resume_execution`` (serde, else the older BaseSerialization form). Anything unexpected
+    reads as "not resuming", so rendering errors then surface as before.
+    """
+    from_server = getattr(context.get("ti"), "_ti_context_from_server", None)
+    if getattr(from_server, "next_method", None) is None:
+        return None
+    data = getattr(from_server, "next_kwargs", None) or {}
+    try:
+        from airflow.sdk.serde import deserialize
+
+        kwargs = deserialize(data)
+    except (ImportError, KeyError, AttributeError, TypeError):
+        try:
+            from airflow.serialization.serialized_objects import BaseSerialization
+
+            kwargs = BaseSerialization.deserialize(data)
+        except Exception:
+            return None
+    except Exception:
+        return None
+    return kwargs.get("event") if isinstance(kwargs, dict) else None
+
+
 def _holds_xcom_arg(value: Any) -> bool:
     if isinstance(value, ResolveMixin):
         return True
@@ -276,6 +305,14 @@ class DeferrableSensor(BaseSensorOperator):
         start_from_trigger: bool = False,
         **kwargs: Any,
     ) -> None:
+        # A non-bool flag would be taken for its truth value, and "yes" would become deferrable itself.
+        require_bool(deferrable, argument="deferrable", optional=True)
+        for flag, value in (
+            ("check_before_defer", check_before_defer),
+            ("end_from_trigger", end_from_trigger),
+            ("start_from_trigger", start_from_trigger),
+        ):
+            require_bool(value, argument=flag)
         names = self.wait_parameter_names()
         params = {name: kwargs.pop(name) for name in names if name in kwargs}
         # Before Airflow's own checks: it crashes on inf, reads True as one second, and takes
@@ -334,8 +371,6 @@ class DeferrableSensor(BaseSensorOperator):
     def _refuse_start_from_trigger(self) -> None:
         """What cannot start in the triggerer is refused here, at DAG parse, with the fix."""
         where = f"{type(self).__name__} (task_id={self.task_id!r}): start_from_trigger=True"
-        if not isinstance(self.__dict__.get("start_from_trigger", False), bool):
-            raise TypeError(f"{where}: start_from_trigger must be True or False")
         if _airflow_version() < START_FROM_TRIGGER_SINCE:
             raise ValueError(
                 f"{where} needs Airflow 3.3 or later (this is {_airflow_version_text()}): the scheduler of earlier "
@@ -370,13 +405,38 @@ class DeferrableSensor(BaseSensorOperator):
     def start_trigger(self) -> tuple[type[PollingTrigger], dict[str, Any]]:
         """The trigger Airflow builds when it starts this wait in the triggerer, and its wait's kwargs.
 
-        Templated values stay as written, under the sensor's own names: Airflow renders them in
-        the triggerer. A sensor whose worker works something out when a try starts gives a
-        trigger that works it out there instead (:class:`~airflow_deferrable_kit.sensors.temporal.RunMomentSensor`).
+        The kwargs are :meth:`trigger_params`, as on a worker. Templated values stay as written,
+        under the sensor's own names: Airflow renders them in the triggerer, where no sensor
+        runs, and the trigger's own ``normalise()`` brings them to their form there, as it does
+        on a worker. So ``trigger_params`` may normalise what is known at parse, and must leave a
+        templated value as it is: one it changes, or cannot take unrendered, would reach the
+        triggerer in another form than the worker's, and is refused here, at parse. A sensor
+        whose worker works something out when a try starts gives a trigger that works it out
+        there instead (:class:`~airflow_deferrable_kit.sensors.temporal.RunMomentSensor`).
         """
-        names = self.wait_parameter_names()
-        raw = [getattr(self, name) for name in names]
-        params = self.trigger_params() if not is_unresolved(raw) else dict(zip(names, raw, strict=True))
+        raw = {name: getattr(self, name) for name in self.wait_parameter_names()}
+        templated = [name for name, value in raw.items() if is_unresolved(value)]
+        if not templated:
+            return self.trigger_class, self.trigger_params()
+        where = f"{type(self).__name__} (task_id={self.task_id!r}): start_from_trigger=True"
+        fix = (
+            f"started in the triggerer, a templated argument is rendered there, where no sensor runs "
+            f"trigger_params(). Normalise it in {self.trigger_class.__name__}.normalise(), which runs after "
+            "rendering on both paths (see docs/start-from-trigger.md), or drop start_from_trigger"
+        )
+        try:
+            params = self.trigger_params()
+        except Exception as exc:
+            raise ValueError(
+                f"{where}: {type(self).__name__}.trigger_params() fails on the unrendered {', '.join(templated)} "
+                f"({type(exc).__name__}: {exc}); {fix}"
+            ) from exc
+        changed = [name for name in templated if name not in params or params[name] != raw[name]]
+        if changed:
+            raise ValueError(
+                f"{where}: {type(self).__name__}.trigger_params() changes the templated {', '.join(changed)}, "
+                f"so a worker and the triggerer would wait on different values; {fix}"
+            )
         return self.trigger_class, params
 
     def _set_start_trigger_args(self) -> None:
@@ -473,7 +533,12 @@ class DeferrableSensor(BaseSensorOperator):
         return field.default
 
     def trigger_params(self) -> dict[str, Any]:
-        """The wait's own trigger kwargs from this (rendered) sensor; override to normalise values."""
+        """The wait's own trigger kwargs from this (rendered) sensor.
+
+        Override it for what only the sensor knows (its callables, what its last look saw). A
+        value's form (a tuple to a list, a moment to UTC) belongs in the trigger's ``normalise()``:
+        with ``start_from_trigger`` no sensor runs after rendering (see :meth:`start_trigger`).
+        """
         return {name: getattr(self, name) for name in self.wait_parameter_names()}
 
     def build_trigger(self, deadline: str | None) -> PollingTrigger:
@@ -501,7 +566,26 @@ class DeferrableSensor(BaseSensorOperator):
 
         Airflow applies ``template_ext`` to every string of every templated field, nested ones
         included, so ``match={"file_name": "daily.sql"}`` would be read as a template file.
+
+        A try that resumes with the trigger's ``error`` event ends with that error even if the
+        arguments do not render here: the worker renders again (strictly, with the DAG's
+        ``StrictUndefined``) before it resumes, and a wait started in the triggerer whose
+        ``dag_run.conf`` key was missing would otherwise end with Jinja's ``UndefinedError``
+        after the trigger's ``bad_configuration`` naming the argument: two errors for one mistake.
         """
+        try:
+            self._render_fields(context, jinja_env)
+        except Exception as exc:
+            event = _resume_event(context)
+            if not (isinstance(event, dict) and event.get("status") == ERROR):
+                raise
+            self.log.info(
+                "The templated arguments do not render here either (%s); the task ends with the error the "
+                "trigger reported",
+                describe_exception(exc),
+            )
+
+    def _render_fields(self, context: Context, jinja_env: Any) -> None:
         jinja_env = jinja_env or self.get_template_env()
         files = tuple(name for name in self.template_fields if name in self.file_template_fields)
         self._do_render_template_fields(self, files, context, jinja_env, set())

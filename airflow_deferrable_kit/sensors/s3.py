@@ -123,12 +123,6 @@ class S3KeySensor(DeferrableSensor):
             return bool(self.check_fn(files, **context))
         return bool(self.check_fn(files))
 
-    def trigger_params(self) -> dict[str, Any]:
-        params = super().trigger_params()
-        if isinstance(params["bucket_key"], tuple):
-            params["bucket_key"] = list(params["bucket_key"])
-        return params
-
 
 class S3KeysUnchangedSensor(DeferrableSensor):
     """Succeed once the keys under ``prefix`` have not changed for ``inactivity_period`` seconds.
@@ -213,7 +207,9 @@ class S3KeysUnchangedSensor(DeferrableSensor):
         """The wait's kwargs, with what the last look in this worker saw handed over.
 
         A trigger for the next poke gets the keys themselves (it runs here, in memory); a trigger
-        for the triggerer gets their fingerprint and count instead, so the kwargs stay small.
+        for the triggerer gets their fingerprint and count instead, so the kwargs stay small, and
+        with ``allow_delete=False`` a short digest of each key, so a key replaced by another
+        between this look and the trigger's first listing fails the task, as officially.
         """
         params = super().trigger_params()
         look: dict[str, Any] | None = getattr(self, "_last_look", None)

@@ -52,9 +52,6 @@ class DateTimeSensor(DeferrableSensor):
     def __init__(self, *, target_time: str | dt.datetime, **kwargs: Any) -> None:
         super().__init__(target_time=target_time, **kwargs)
 
-    def trigger_params(self) -> dict[str, Any]:
-        return {"target_time": to_utc_iso(self.target_time)}
-
 
 class RunMomentSensor(DeferrableSensor):
     """Base of the waits whose moment is worked out when the task starts, then waited for.

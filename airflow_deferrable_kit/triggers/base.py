@@ -306,6 +306,7 @@ class PollingTrigger(BaseTrigger):
         "_last_error",
         "_leases",
         "_metrics",
+        "_rendered",
         *_SET_BY_AIRFLOW,
     )
 
@@ -356,6 +357,7 @@ class PollingTrigger(BaseTrigger):
         self._check_arguments()
 
     def _check_arguments(self) -> None:
+        self.normalise()
         self._validate_common()
         self.validate()
         require_json_primitives(self._kwargs(), what=f"{type(self).__name__} kwargs")
@@ -389,6 +391,18 @@ class PollingTrigger(BaseTrigger):
             require_seconds(self.start_budget, argument="start_budget", allow_zero=True)
             if self.deadline is not None:
                 raise ValueError("start_budget and deadline are two ways to say when the wait ends; give one")
+
+    def normalise(self) -> None:
+        """Bring the parameters to their one form (a tuple to a list, a moment to UTC ISO), in place.
+
+        Runs before :meth:`validate` wherever the trigger's arguments are final: when it is built
+        from a sensor on a worker (deferral, poke, the first look) and, with ``start_from_trigger``,
+        in the triggerer once Airflow has rendered the templated arguments there, where no sensor
+        runs. So a value that may be templated is normalised here, never in the sensor's
+        ``trigger_params()``, or the two paths would wait on different values. Must be idempotent:
+        a trigger rebuilt from its own kwargs normalises them again. A ``ValueError`` naming the
+        argument refuses the value, as from :meth:`validate`.
+        """
 
     def validate(self) -> None:
         """Check the subclass's parameters; raise ``ValueError`` naming the argument."""
@@ -463,12 +477,22 @@ class PollingTrigger(BaseTrigger):
         Airflow 3.3 renders the trigger kwargs named like the sensor's template fields, in the
         triggerer, just before :meth:`run`. The rendered values are checked as the sensor checks
         them on a worker; whatever is wrong (a bad value, a template that fails) ends the wait
-        with one ``error`` event naming it, never an exception in the triggerer. Template files
-        were read when the DAG was parsed: nothing here is read as a file name.
+        with one ``error`` event naming the argument, never an exception in the triggerer.
+        Template files were read when the DAG was parsed: nothing here is read as a file name.
         """
         self.template_ext = ()
+        self._rendered = True
         try:
-            super().render_template_fields(context, jinja_env)
+            self._render_each(context, jinja_env or self.get_template_env())
+        except _TemplateFailed as failed:
+            self._unbuilt = FatalError(
+                f"{type(self).__name__}: {failed.argument} could not be rendered in the triggerer: "
+                f"{describe_exception(failed.cause)}",
+                error_type=ErrorType.BAD_CONFIGURATION,
+            )
+            self.log.error("%s", redact(self._unbuilt.message))
+            return
+        try:
             self._check_arguments()
             self._deadline_from_start()
             self.work_out_from_run(context)
@@ -479,6 +503,23 @@ class PollingTrigger(BaseTrigger):
                 error_type=ErrorType.BAD_CONFIGURATION,
             )
             self.log.error("%s", redact(self._unbuilt.message))
+
+    def _render_each(self, context: Any, jinja_env: Any) -> None:
+        """Render each templated argument in place, naming the one whose template fails.
+
+        What Airflow's ``_do_render_template_fields`` does (empty values are left as they are),
+        one argument at a time: a template that raises or does not parse is reported under the
+        argument's name (Airflow's own rendering re-raises Jinja's error, which names no field).
+        """
+        for name in self.template_fields:
+            value = getattr(self, name)
+            if not value:
+                continue
+            try:
+                rendered = self.render_template(value, context, jinja_env, set())
+            except Exception as exc:
+                raise _TemplateFailed(name, exc) from exc
+            setattr(self, name, rendered)
 
     def work_out_from_run(self, context: Any) -> None:
         """Fix what a worker would have fixed from the run when the try started (``start_from_trigger``).
@@ -525,8 +566,33 @@ class PollingTrigger(BaseTrigger):
         return hash((classpath, json.dumps(kwargs, sort_keys=True)))
 
     # ------------------------------------------------------------------------ the loop
+    def _never_rendered(self) -> FatalError | None:
+        """The error of a wait Airflow started in the triggerer but never rendered, else ``None``.
+
+        Airflow renders a ``start_from_trigger`` wait only when it builds the workload with the
+        DAG's data, and builds it without when the task is not in its run's DAG version (or that
+        version cannot be loaded): the kwargs still hold the templates as written in the DAG, and
+        the wait would poll for the literal ``s3://bucket/{{ ds }}/...`` until its timeout.
+        """
+        if self.start_budget is None or getattr(self, "_rendered", False):
+            return None
+        templated = [name for name, value in self._kwargs().items() if holds_template(value)]
+        if not templated:
+            return None
+        return FatalError(
+            f"{type(self).__name__}: {', '.join(templated)} still hold(s) a template that was never rendered: "
+            "Airflow started this wait in the triggerer without the DAG it renders templates from (the task "
+            "is not in the DAG version of its run, or that version could not be loaded). Clear the task once "
+            "its DAG holds it, to start it again",
+            error_type=ErrorType.BAD_CONFIGURATION,
+        )
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         self._deadline_from_start()
+        if self._unbuilt is None:
+            self._unbuilt = self._never_rendered()
+            if self._unbuilt is not None:
+                self.log.error("%s", redact(self._unbuilt.message))
         if self._unbuilt is not None:
             # A plain event, whatever the flags (they may be what was wrong): the task resumes
             # on a worker, which fails it with this message, as it would at its first look.
@@ -736,6 +802,16 @@ class PollingTrigger(BaseTrigger):
 
 
 _DEADLINE = object()
+
+
+class _TemplateFailed(Exception):
+    """A templated argument's template raised or did not parse while rendering in the triggerer."""
+
+    def __init__(self, argument: str, cause: Exception) -> None:
+        super().__init__(argument)
+        self.argument = argument
+        self.cause = cause
+
 
 #: The context the deadline timers run in: the callback reads no context variable, and a timer
 #: would otherwise keep a copy of its wait's context for as long as the wait lasts.

@@ -233,6 +233,11 @@ class S3KeyTrigger(PollingTrigger):
         self._buckets_seen: tuple[str, ...] = ()  # buckets known to exist (usually one: a tuple is the smallest)
         super().__post_init__()
 
+    def normalise(self) -> None:
+        """A tuple of keys (as written in a DAG, or rendered from one in the triggerer) is a list."""
+        if isinstance(self.bucket_key, tuple):
+            self.bucket_key = list(self.bucket_key)
+
     def validate(self) -> None:
         self._targets = resolve_targets(self.bucket_key, self.bucket_name)
         if not isinstance(self.wildcard_match, bool):

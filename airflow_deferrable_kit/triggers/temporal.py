@@ -7,7 +7,14 @@ import datetime as dt
 import time
 from typing import Any, Final
 
-from airflow_deferrable_kit._moments import run_base_time, shifted, time_on_run_date, to_time_of_day, to_timedelta
+from airflow_deferrable_kit._moments import (
+    run_base_time,
+    shifted,
+    time_on_run_date,
+    to_time_of_day,
+    to_timedelta,
+    to_utc_iso,
+)
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._wall_clock import WallClockAlarm
 from airflow_deferrable_kit.errors import ErrorType
@@ -18,7 +25,8 @@ _alarms: PerLoop[WallClockAlarm] = PerLoop(lambda: WallClockAlarm(asyncio.get_ru
 
 
 class DateTimeTrigger(PollingTrigger):
-    """Fire when ``target_time`` (ISO 8601 with a UTC offset) is reached.
+    """Fire when ``target_time`` is reached: a datetime or a date-and-time string, with no offset
+    read in Airflow's default timezone, carried as UTC ISO 8601 (see :meth:`normalise`).
 
     On the system clock a wait costs nothing until its moment: one alarm per triggerer process
     (:mod:`airflow_deferrable_kit._wall_clock`) holds every wait's moment and re-reads the wall
@@ -34,6 +42,14 @@ class DateTimeTrigger(PollingTrigger):
     poll_interval: float = 60.0
 
     spread_polls = False  # a clock read costs nothing; sleep straight to the target
+
+    def normalise(self) -> None:
+        """``target_time`` as UTC ISO 8601, read as ``DateTimeSensor`` reads it (:func:`to_utc_iso`).
+
+        A datetime, or a string without an offset (``{{ ds }}``), is read in Airflow's default
+        timezone, on the worker path and when rendered in the triggerer alike.
+        """
+        self.target_time = to_utc_iso(self.target_time, argument="target_time")
 
     def validate(self) -> None:
         self._target_ts = parse_deadline(self.target_time, argument="target_time")
@@ -101,6 +117,9 @@ class RunMomentTrigger(DateTimeTrigger):
     span_seconds: float | None = None
     delta: str | None = None
     time_to_wait: str | None = None
+
+    def normalise(self) -> None:
+        """Nothing: ``target_time`` here is a time of day, read by :meth:`validate`."""
 
     def validate(self) -> None:
         if self.rule not in RUN_MOMENT_RULES:

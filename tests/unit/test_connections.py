@@ -10,6 +10,7 @@ import pytest
 from airflow_deferrable_kit import connections
 from airflow_deferrable_kit.errors import FatalError
 from airflow_deferrable_kit.testing import watch_blocking
+from tests.support.supervisor import install_supervisor
 
 
 async def test_unknown_conn_id_is_a_fatal_error_naming_the_argument() -> None:
@@ -24,12 +25,20 @@ async def test_a_miss_within_the_grace_window_is_transient_then_fatal_when_it_cl
     # Inside the triggerer "not found" can mean "could not ask": believe it only after the window.
     from airflow_deferrable_kit.errors import TransientError
 
+    install_supervisor(monkeypatch, "unreachable")  # a triggerer restart, an API server outage
     now = [1_000.0]
     monkeypatch.setattr(connections, "NOT_FOUND_GRACE", 30.0)
     monkeypatch.setattr(connections, "_now", lambda: now[0])
     with pytest.raises(TransientError, match=r"postgres_conn_id='late'.*up to 30s") as first:
         await connections.get_connection("late", argument="postgres_conn_id")
     assert first.value.error_type == "unavailable"
+    # The log line says why it waits and what happens then (the trade-off), and where to read more.
+    assert (
+        "Airflow found no connection with this id, but ExecutionAPISecretsBackend (the API server, through the "
+        "triggerer's supervisor) could not be asked" in first.value.message
+    )
+    assert "before failing the wait" in first.value.message
+    assert "docs/operations.md#connections" in first.value.message
     now[0] += 29.0
     with pytest.raises(TransientError):
         await connections.get_connection("late", argument="postgres_conn_id")
@@ -44,6 +53,7 @@ async def test_a_connection_that_appears_within_the_window_is_used_and_the_windo
 ) -> None:
     from airflow_deferrable_kit.errors import TransientError
 
+    install_supervisor(monkeypatch, "unreachable")
     monkeypatch.setattr(connections, "NOT_FOUND_GRACE", 30.0)
     with pytest.raises(TransientError):
         await connections.get_connection("blip")
@@ -51,6 +61,31 @@ async def test_a_connection_that_appears_within_the_window_is_used_and_the_windo
     conn = await connections.get_connection("blip")
     assert conn.host == "example.invalid"
     assert "blip" not in connections._first_miss
+
+
+async def test_a_miss_every_secrets_backend_answered_fails_at_once_within_the_grace_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Here the environment is Airflow's only secrets backend, and it answers: the connection cannot
+    exist, so there is nothing for the window to wait for (it used to wait 30 s all the same)."""
+    monkeypatch.setattr(connections, "NOT_FOUND_GRACE", 30.0)
+    with pytest.raises(FatalError, match=r"aws_conn_id='aws_typo': no Airflow connection .*said so") as info:
+        await connections.get_connection("aws_typo", argument="aws_conn_id")
+    assert info.value.error_type == "connection_not_found"
+    assert "aws_typo" not in connections._first_miss
+
+
+async def test_a_miss_the_api_server_answered_through_the_supervisor_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In the triggerer the execution-API backend says "not found" for "could not ask" too; asked
+    directly, the supervisor passes on the API server's own answer, which is believed."""
+    supervisor = install_supervisor(monkeypatch, "not_found")
+    monkeypatch.setattr(connections, "NOT_FOUND_GRACE", 30.0)
+    with pytest.raises(FatalError, match=r"http_conn_id='api_typo': no Airflow connection") as info:
+        await connections.get_connection("api_typo", argument="http_conn_id")
+    assert info.value.error_type == "connection_not_found"
+    assert supervisor.asked == ["api_typo", "api_typo"]  # Airflow's lookup, then the kit's question
 
 
 async def test_a_thousand_concurrent_lookups_resolve_once_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,7 +54,9 @@ with DAG(dag_id="adk_e2e_start_from_trigger", schedule=None, start_date=dt.datet
         **RETRY_FAST,
         **IN_TRIGGERER,
     )
-    # Renders to a date with no time: not a moment. One clear error, never a crashed triggerer.
+    # The run has no logical date, so ds is undefined: empty in the triggerer, not a moment (a worker
+    # renders it strictly and would raise UndefinedError). One clear error, the trigger's, and never
+    # a crashed triggerer.
     DateTimeSensor(task_id="bad_rendered_value", target_time="{{ ds }}", timeout=120, **IN_TRIGGERER)
     # Every other wait, templated from the run's conf where it takes a template.
     HttpBatchReadySensor(

@@ -186,13 +186,17 @@ async def test_the_last_poll_comes_when_the_period_ends_not_an_interval_later(
 
 
 # ------------------------------------------------------------------------- the hand-over
-def look(observed_at: float, changed_at: float, keys: list[str]) -> dict[str, Any]:
-    return {
+def look(observed_at: float, changed_at: float, keys: list[str], *, digests: bool = False) -> dict[str, Any]:
+    """A hand-over as the sensor makes it; with ``digests`` as it makes it with ``allow_delete=False``."""
+    handed: dict[str, Any] = {
         "observed_at": iso(observed_at),
         "changed_at": iso(changed_at),
         "fingerprint": keys_fingerprint(keys),
         "count": len(keys),
     }
+    if digests:
+        handed["digests"] = s3_unchanged.keys_digests(keys)
+    return handed
 
 
 async def test_a_fresh_hand_over_keeps_its_inactivity_clock(admin: Any, bucket: str, moto_conn: str) -> None:
@@ -229,11 +233,51 @@ async def test_a_hand_over_with_more_keys_than_now_is_a_deletion(admin: Any, buc
         bucket_name=bucket,
         aws_conn_id=moto_conn,
         allow_delete=False,
-        last_look=look(START - 5, START - 100, ["out/a.csv", "out/b.csv"]),
+        last_look=look(START - 5, START - 100, ["out/a.csv", "out/b.csv"], digests=True),
     )
     payload = await run_trigger_payload(trigger)
     assert (payload["status"], payload["error_type"]) == ("error", "condition_failed")
     assert "1 key(s) were deleted" in payload["message"]
+
+
+@pytest.mark.parametrize(
+    ("observed_at", "now"),
+    [(START - 5, ["out/a.csv", "out/c.csv"]), (START - 3600, ["out/a.csv", "out/c.csv", "out/d.csv"])],
+    ids=["as-many-keys-just-handed-over", "more-keys-after-a-triggerer-restart"],
+)
+async def test_a_hand_over_key_replaced_by_another_is_a_deletion(
+    admin: Any, bucket: str, moto_conn: str, observed_at: float, now: list[str]
+) -> None:
+    """Officially ``previous - current`` is a deletion whatever was added beside it. The fingerprint
+    alone took it for new keys (a restarted clock), fresh or stale hand-over alike."""
+    await put_many(admin, bucket, now)
+    clock = ScriptedClock()
+    trigger = unchanged(
+        clock,
+        bucket_name=bucket,
+        aws_conn_id=moto_conn,
+        allow_delete=False,
+        last_look=look(observed_at, observed_at - 100, ["out/a.csv", "out/b.csv"], digests=True),
+    )
+    payload = await run_trigger_payload(trigger)
+    assert (payload["status"], payload["error_type"]) == ("error", "condition_failed")
+    assert f"s3://{bucket}/out/: 1 key(s) were deleted between two polls (allow_delete=False)" in payload["message"]
+    assert clock.sleeps == []  # the first listing decides
+
+
+async def test_a_hand_over_of_another_set_of_as_many_keys_restarts_the_clock_with_allow_delete(
+    admin: Any, bucket: str, moto_conn: str
+) -> None:
+    await put_many(admin, bucket, ["out/a.csv", "out/c.csv"])
+    clock = ScriptedClock()
+    trigger = unchanged(
+        clock,
+        bucket_name=bucket,
+        aws_conn_id=moto_conn,
+        last_look=look(START - 5, START - 290, ["out/a.csv", "out/b.csv"]),
+    )
+    payload = await run_trigger_payload(trigger)
+    assert (payload["status"], payload["last_changed"]) == ("success", iso(START))
 
 
 async def test_a_hand_over_of_another_set_restarts_the_clock(admin: Any, bucket: str, moto_conn: str) -> None:
@@ -320,6 +364,31 @@ async def test_bounded_listings_share_with_each_other_and_with_an_unbounded_one(
                 }
             },
             "last_look.fingerprint",
+        ),
+        (
+            {
+                "allow_delete": False,
+                "last_look": {
+                    "observed_at": "2030-01-01T00:00:00+00:00",
+                    "changed_at": "2030-01-01T00:00:00+00:00",
+                    "fingerprint": "0" * 64,
+                    "count": 1,
+                },
+            },
+            "last_look needs digests with allow_delete=False",
+        ),
+        (
+            {
+                "allow_delete": False,
+                "last_look": {
+                    "observed_at": "2030-01-01T00:00:00+00:00",
+                    "changed_at": "2030-01-01T00:00:00+00:00",
+                    "fingerprint": "0" * 64,
+                    "count": 2,
+                    "digests": "0" * 16,
+                },
+            },
+            r"last_look.digests holds 1 key\(s\) but last_look.count is 2",
         ),
     ],
 )

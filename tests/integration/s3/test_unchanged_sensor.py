@@ -121,6 +121,32 @@ def test_deferred_the_worker_look_is_handed_over_small_and_the_trigger_keeps_its
     assert task.execute_complete(context, payload, **deferred.value.kwargs) == payload
 
 
+@pytest.mark.parametrize("picked_up_after", [30, 3600], ids=["picked-up-at-once", "after-a-triggerer-restart"])
+def test_deferred_a_key_replaced_after_the_workers_look_fails_the_task_without_allow_delete(
+    clock: FakeClock, sync_bucket: str, moto_conn: str, s3_server: services.S3Server, picked_up_after: int
+) -> None:
+    """The official ``is_keys_unchanged`` fails the task when a key of the last look is gone, whatever
+    was added beside it. One key deleted and another added between the worker's look and the
+    trigger's first listing (or the rebuild from the same kwargs after a triggerer restart) used to
+    restart the inactivity clock instead."""
+    put(s3_server, sync_bucket, "out/a", "out/b")
+    task = sensor(bucket_name=sync_bucket, aws_conn_id=moto_conn, deferrable=True, allow_delete=False)
+    context = make_context(task)
+    with pytest.raises(TaskDeferred) as deferred:
+        task.execute(context)  # the worker's look: {out/a, out/b}
+    kwargs = deferred.value.trigger.serialize()[1]
+    assert "out/a" not in json.dumps(kwargs)  # still no key in the trigger table
+
+    s3_admin(s3_server.endpoint_url, ("delete_object", {"Bucket": sync_bucket, "Key": "out/b"}))
+    put(s3_server, sync_bucket, "out/c")  # as many keys as the worker saw, one of them another
+    clock.advance(picked_up_after)
+    rebuilt = S3KeysUnchangedTrigger(**json.loads(json.dumps(kwargs)))
+    payload = asyncio.run(run_trigger(rebuilt)).payload
+    assert (payload["status"], payload["error_type"]) == ("error", "condition_failed")
+    with pytest.raises(WaitFailedError, match=r"^condition_failed: .*1 key\(s\) were deleted.*allow_delete=False"):
+        task.execute_complete(context, payload, **deferred.value.kwargs)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

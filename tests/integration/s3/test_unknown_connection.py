@@ -21,13 +21,16 @@ from airflow_deferrable_kit.testing import make_context, run_trigger_payload
 from airflow_deferrable_kit.triggers.base import deadline_after
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
 from tests.integration.s3.test_sensor import s3_admin
+from tests.support.supervisor import install_supervisor
 
 
 @pytest.fixture(autouse=True)
 def _grace_as_in_production(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The suite believes misses at once; these tests need the triggerer's real window."""
+    """The suite believes misses at once; these tests need the triggerer's real window, which opens
+    when a secrets backend cannot be asked (here: the supervisor cannot reach the API server)."""
     monkeypatch.setattr(connections, "NOT_FOUND_GRACE", 30.0)
     monkeypatch.setattr(connections, "_first_miss", {})
+    install_supervisor(monkeypatch, "unreachable")
 
 
 def typo_sensor(**kwargs: Any) -> S3KeySensor:

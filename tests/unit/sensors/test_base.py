@@ -51,6 +51,19 @@ def test_bad_argument_fails_at_dag_parse_naming_it() -> None:
         ScriptedSensor(task_id="w", script="s", poke_interval=0)
 
 
+@pytest.mark.parametrize("flag", ["deferrable", "check_before_defer", "end_from_trigger", "start_from_trigger"])
+@pytest.mark.parametrize("value", ["yes", 1, 0, "False"], ids=["yes", "one", "zero", "string-False"])
+def test_a_flag_that_is_not_a_bool_is_refused_at_dag_parse_naming_it(flag: str, value: object) -> None:
+    """``start_from_trigger="yes"`` used to be taken for True, and made ``deferrable`` the string itself."""
+    with pytest.raises(ValueError, match=rf"^{flag} expects True or False.*, got {value!r}$"):
+        sensor("flag", "none", **{flag: value})
+
+
+def test_deferrable_none_still_means_the_configured_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
+    assert sensor("none_flag", "none", deferrable=None).deferrable is True
+
+
 @pytest.mark.parametrize("argument", ["timeout", "poke_interval", "max_backoff"])
 @pytest.mark.parametrize(
     "value",

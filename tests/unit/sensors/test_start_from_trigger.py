@@ -16,11 +16,12 @@ import pytest
 from airflow.sdk import DAG
 from airflow.serialization.serialized_objects import DagSerialization
 
-from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE
+from airflow_deferrable_kit.sensors.base import BACKSTOP_GRACE, WaitFailedError
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
 from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
 from airflow_deferrable_kit.sensors.temporal import DateTimeSensor, TimeDeltaSensor, TimeSensor, WaitSensor
+from airflow_deferrable_kit.testing import run_trigger
 from airflow_deferrable_kit.triggers.base import BACKSTOP_SECONDS
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
@@ -91,13 +92,190 @@ def test_templates_are_rendered_in_the_triggerer_and_then_checked() -> None:
 
 async def test_a_rendered_value_that_is_not_valid_ends_the_wait_with_one_clear_error() -> None:
     sensor = DateTimeSensor(
-        task_id="at", target_time="{{ ds }}", timeout=60, start_from_trigger=True, deferrable=True
-    )  # a date with no time or offset: not a moment
+        task_id="at", target_time="{{ ds }} soon", timeout=60, start_from_trigger=True, deferrable=True
+    )  # not a moment, on a worker either
     kwargs = sensor.start_trigger_args.trigger_kwargs
     trigger = started(DateTimeTrigger, kwargs, fields=sensor.template_fields, context={"ds": "2026-12-02"})
     event = await first_event(trigger)
     assert event.payload["status"] == "error" and event.payload["error_type"] == "bad_configuration"
-    assert "rendered in the triggerer" in event.payload["message"] and "target_time" in event.payload["message"]
+    assert "rendered in the triggerer" in event.payload["message"]
+    assert "target_time could not be parsed as a date and time: '2026-12-02 soon'" in event.payload["message"]
+
+
+# ------------------------------------------------ the sensor's normalisation, after rendering
+def as_the_triggerer_builds(dag: DAG, task_id: str, context: dict[str, Any]) -> Any:
+    """The trigger as Airflow makes it from the serialized DAG: the scheduler's start_trigger_args
+    (encoded in the DAG, decoded by the triggerer as ``create_triggers`` does), then rendered."""
+    from airflow._shared.module_loading import import_string
+    from airflow.serialization.decoders import smart_decode_trigger_kwargs
+
+    task = DagSerialization.from_dict(DagSerialization.to_dict(dag)).get_task(task_id)
+    args = task.start_trigger_args
+    encoded = smart_decode_trigger_kwargs(args.trigger_kwargs)
+    kwargs = {name: smart_decode_trigger_kwargs(value) for name, value in encoded.items()}
+    return started(import_string(args.trigger_cls), kwargs, fields=tuple(task.template_fields), context=context)
+
+
+def as_a_worker_builds(sensor: Any, context: dict[str, Any]) -> Any:
+    """The trigger a worker defers with, from the same run: rendered, then ``build_trigger``."""
+    sensor.render_template_fields(context)
+    return sensor.build_trigger(deadline=None)
+
+
+WAIT_KWARGS = ("poll_interval", "end_from_trigger", "soft_fail", "never_fail", "do_xcom_push", "max_backoff")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: S3KeySensor(
+            task_id="w", bucket_key=("s3://exports/{{ ds }}/a.csv", "s3://exports/b.csv"), aws_conn_id="aws",
+            start_from_trigger=True,
+        ),
+        lambda: DateTimeSensor(task_id="w", target_time="{{ ds }}", start_from_trigger=True),
+        lambda: DateTimeSensor(task_id="w", target_time="{{ ds }}T06:00:00+02:00", start_from_trigger=True),
+    ],
+    ids=["s3-tuple-of-keys", "datetime-date-only", "datetime-with-offset"],
+)  # fmt: skip
+def test_the_triggerer_normalises_rendered_values_as_the_worker_does(make: Any) -> None:
+    """The sensor's normalisation used to be skipped in the triggerer: a tuple of keys was refused
+    (bad_configuration) and ``{{ ds }}`` was no moment, where the worker path waited on both."""
+    with DAG(dag_id="sft_normalised", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        sensor = make()
+    context = {"ds": "2026-12-02"}
+    in_triggerer = as_the_triggerer_builds(dag, "w", context)
+    assert in_triggerer._unbuilt is None, in_triggerer._unbuilt
+    on_worker = as_a_worker_builds(make(), context)
+    wait = [name for name in sensor.wait_parameter_names()]
+    assert {name: getattr(in_triggerer, name) for name in [*wait, *WAIT_KWARGS]} == {
+        name: getattr(on_worker, name) for name in [*wait, *WAIT_KWARGS]
+    }
+
+
+class _LowercaseBucketSensor(S3KeySensor):
+    """A user's own sensor normalising an argument known at parse (``bucket_name``) in trigger_params."""
+
+    def trigger_params(self) -> dict[str, Any]:
+        params = super().trigger_params()
+        params["bucket_name"] = params["bucket_name"].lower()
+        return params
+
+
+class _StrippedKeySensor(S3KeySensor):
+    """A user's own sensor normalising a templated argument in trigger_params: no sensor runs
+    after rendering in the triggerer, so this cannot be applied there."""
+
+    def trigger_params(self) -> dict[str, Any]:
+        params = super().trigger_params()
+        params["bucket_key"] = params["bucket_key"].strip()
+        return params
+
+
+def test_a_subclass_trigger_params_applies_to_what_is_known_at_parse_even_beside_a_template() -> None:
+    """trigger_params() was skipped whenever any argument was templated."""
+    with DAG(dag_id="sft_subclass", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        _LowercaseBucketSensor(
+            task_id="w", bucket_key="{{ ds }}/a.csv", bucket_name="Exports", aws_conn_id="aws", start_from_trigger=True
+        )
+    trigger = as_the_triggerer_builds(dag, "w", {"ds": "2026-12-02"})
+    assert trigger._unbuilt is None, trigger._unbuilt
+    assert (trigger.bucket_name, trigger.bucket_key) == ("exports", "2026-12-02/a.csv")
+
+
+def test_a_subclass_trigger_params_that_changes_a_templated_value_is_refused_at_parse() -> None:
+    with pytest.raises(ValueError, match=r"start_from_trigger=True: _StrippedKeySensor\.trigger_params\(\) changes the "
+                       r"templated bucket_key.*S3KeyTrigger\.normalise\(\)"):  # fmt: skip
+        _StrippedKeySensor(
+            task_id="w", bucket_key=" s3://exports/{{ ds }}/a.csv ", aws_conn_id="aws", start_from_trigger=True
+        )
+    _StrippedKeySensor(task_id="w", bucket_key=" s3://exports/{{ ds }}/a.csv ", aws_conn_id="aws")  # a worker runs it
+
+
+@pytest.mark.parametrize(
+    ("template", "error"),
+    [
+        ("s3://bucket/{{ 1 // 0 }}/data.csv", "ZeroDivisionError"),
+        ("s3://bucket/{{ ds /data.csv", "TemplateSyntaxError"),
+    ],
+    ids=["raises", "does-not-parse"],
+)
+async def test_a_template_that_fails_in_the_triggerer_ends_the_wait_with_one_error_naming_the_argument(
+    template: str, error: str
+) -> None:
+    sensor = S3KeySensor(task_id="wait", bucket_key=template, aws_conn_id="aws", start_from_trigger=True, timeout=60)
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    trigger = started(S3KeyTrigger, kwargs, fields=sensor.template_fields, context={"ds": "2026-12-02"})
+    event = await first_event(trigger)
+    assert (event.payload["status"], event.payload["error_type"]) == ("error", "bad_configuration")
+    assert event.payload["message"].startswith(
+        f"S3KeyTrigger: bucket_key could not be rendered in the triggerer: {error}"
+    )
+
+
+async def test_a_missing_conf_key_fails_the_task_with_the_triggers_one_error_not_jinjas() -> None:
+    """The trigger reports the missing value (bad_configuration naming bucket_key); the worker that
+    resumes the task renders again, strictly, and used to end the task with Jinja's UndefinedError."""
+    from airflow.sdk.api.datamodels._generated import DagRun, TIRunContext
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    from airflow.sdk.serde import serialize
+
+    with DAG(dag_id="sft_conf", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        sensor = S3KeySensor(
+            task_id="wait", bucket_key="{{ dag_run.conf['export'] }}", bucket_name="exports", aws_conn_id="aws",
+            start_from_trigger=True, timeout=60,
+        )  # fmt: skip
+    run = DagRun.model_construct(conf={})  # the run was triggered without the "export" key
+    trigger = started(S3KeyTrigger, sensor.start_trigger_args.trigger_kwargs, fields=sensor.template_fields,
+                      context={"dag_run": run})  # fmt: skip
+    payload = (await run_trigger(trigger)).payload
+    assert (payload["status"], payload["error_type"]) == ("error", "bad_configuration")
+    assert "bucket_key" in payload["message"]
+
+    # The worker resuming the task, as Airflow's task runner does it: the event in next_kwargs,
+    # the DAG's strict template environment, then resume_execution.
+    from_server = TIRunContext.model_construct(
+        next_method="execute_complete", next_kwargs=serialize({"event": payload})
+    )
+    ti = RuntimeTaskInstance.model_construct(task_id="wait", task=sensor, _ti_context_from_server=from_server)
+    context: Any = {"ti": ti, "task": sensor, "dag_run": run}
+    sensor.render_template_fields(context, jinja_env=dag.get_template_env())
+    with pytest.raises(WaitFailedError) as failed:
+        sensor.resume_execution("execute_complete", {"event": payload}, context)
+    assert str(failed.value) == f"bad_configuration: {payload['message']}"
+
+
+def test_a_worker_resuming_with_a_success_still_raises_a_template_that_does_not_render() -> None:
+    """Only the trigger's error stands in for a rendering error: anything else surfaces as before."""
+    from airflow.sdk.api.datamodels._generated import DagRun, TIRunContext
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    from airflow.sdk.serde import serialize
+    from jinja2 import UndefinedError
+
+    with DAG(dag_id="sft_conf_ok", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+        sensor = S3KeySensor(
+            task_id="wait", bucket_key="{{ dag_run.conf['export'] }}", bucket_name="exports", aws_conn_id="aws",
+            start_from_trigger=True, timeout=60,
+        )  # fmt: skip
+    success = {"status": "success", "keys": []}
+    from_server = TIRunContext.model_construct(
+        next_method="execute_complete", next_kwargs=serialize({"event": success})
+    )
+    ti = RuntimeTaskInstance.model_construct(task_id="wait", task=sensor, _ti_context_from_server=from_server)
+    with pytest.raises(UndefinedError):
+        sensor.render_template_fields({"ti": ti, "dag_run": DagRun.model_construct(conf={})}, dag.get_template_env())
+
+
+async def test_a_wait_started_without_the_dags_data_ends_at_once_naming_the_unrendered_argument() -> None:
+    """Airflow builds the workload without the DAG's data (so renders nothing) when the task is not
+    in its run's DAG version: the wait used to poll for the literal template until its timeout."""
+    sensor = S3KeySensor(
+        task_id="wait", bucket_key="s3://bucket/{{ ds }}/data.csv", aws_conn_id="aws", start_from_trigger=True,
+        timeout=3600,
+    )  # fmt: skip
+    trigger = S3KeyTrigger(**sensor.start_trigger_args.trigger_kwargs)  # built, never rendered
+    payload = (await run_trigger(trigger, timeout=10)).payload
+    assert (payload["status"], payload["error_type"]) == ("error", "bad_configuration")
+    assert payload["message"].startswith("S3KeyTrigger: bucket_key still hold(s) a template that was never rendered")
 
 
 async def test_the_deadline_is_the_budget_counted_from_airflows_trigger_timeout_of_the_try() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import time
 
 import pytest
@@ -181,6 +182,16 @@ MINUS_FIVE = dt.timezone(dt.timedelta(hours=-5))
 def test_a_target_time_utc_cannot_hold_is_refused_at_dag_parse_naming_it(moment: str | dt.datetime) -> None:
     with pytest.raises(ValueError, match="target_time must be a moment between 0001-01-01 and 9999-12-31 in UTC"):
         DateTimeSensor(task_id="w", target_time=moment)
+
+
+@pytest.mark.parametrize("offset", ["+25:00", "-24:30", "+24:00"])
+def test_a_target_time_whose_offset_is_a_day_or_more_is_refused_at_dag_parse_naming_it(offset: str) -> None:
+    """pendulum parses ``+25:00``; Python's timezones refuse it with a message naming nothing."""
+    moment = f"2030-01-01T00:00:00{offset}"
+    with pytest.raises(ValueError, match=rf"^target_time must have a UTC offset .*, got {re.escape(repr(moment))}$"):
+        DateTimeSensor(task_id="w", target_time=moment)
+    with pytest.raises(ValueError, match=rf"^target_time must have a UTC offset .*, got {re.escape(repr(moment))}$"):
+        DateTimeTrigger(target_time=moment)  # the trigger reads it as the sensor does
 
 
 def test_a_naive_target_utc_cannot_hold_in_the_default_timezone_is_refused() -> None:

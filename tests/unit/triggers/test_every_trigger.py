@@ -41,6 +41,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "changed_at": "2030-01-01T00:00:00+00:00",
             "fingerprint": "0" * 64,
             "count": 3,
+            "digests": "0" * 16 + "1" * 16 + "2" * 16,  # with allow_delete=False: each key's digest
         },
     },
     "HttpBatchReadyTrigger": {"http_conn_id": "batch_api", "endpoint": "v1/batches/1/status"},
