@@ -369,9 +369,11 @@ async def test_a_connection_the_server_closes_mid_batch_is_not_used_for_the_next
         asks = [asyncio.ensure_future(engine.fetch_row(sql, ["a"], timeout=60, window=0.2)) for sql in shapes]
         rows: list[asyncpg.Record] = []
         for _ in range(200):
+            # Sleeping already (its 30 s worked out while the gate was shut), not merely sent: a
+            # batch the server had not started yet would find the gate open and not sleep at all.
             rows = await admin.fetch(
                 "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' "
-                "AND query LIKE '%pg_sleep%'",
+                "AND query LIKE '%pg_sleep%' AND wait_event = 'PgSleep'",
                 conn_id,
             )
             if rows:
