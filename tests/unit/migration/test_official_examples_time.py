@@ -95,6 +95,13 @@ def test_the_kit_class_pokes_as_the_official_one(call: tuple[str, dict[str, Any]
         # Built afresh for each situation: a try fixes its moment once.
         official, kit = build(0, name, arguments), build(1, name, arguments)
         assert (kit.task_id, kit.deferrable) == (official.task_id, official.deferrable)
+        if name == "TimeSensor" and data_interval_end.date() != now.date():
+            # Just after midnight "a minute ago" is yesterday's run. There the two differ on
+            # purpose (docs/migration.md): the official time is on the date the DAG was built,
+            # the kit's on the run's date.
+            moment = kit.target_moment(run_context(kit, data_interval_end))
+            assert moment.date() == data_interval_end.date(), (moment, data_interval_end)
+            continue
         answers = [done(task.poke(run_context(task, data_interval_end))) for task in (official, kit)]
         assert answers[0] == answers[1], f"{_id(call)} with data_interval_end {label}: official, kit = {answers}"
 
@@ -104,10 +111,11 @@ def test_the_kit_and_the_official_agree_on_what_is_met() -> None:
     now = datetime.datetime.now(datetime.timezone.utc)
     for name, arguments in CALLS:
         task = build(1, name, arguments)
-        met = done(task.poke(run_context(task, now - datetime.timedelta(minutes=1))))
+        a_minute_ago = now - datetime.timedelta(minutes=1)
+        met = done(task.poke(run_context(task, a_minute_ago)))
         if arguments["task_id"].startswith("fire_immediately") or arguments["task_id"].startswith("wait_some"):
             assert met, arguments["task_id"]
-        elif (now + datetime.timedelta(hours=1)).date() == now.date():  # "an hour ahead" is still today
+        elif a_minute_ago.date() == now.date() == (now + datetime.timedelta(hours=1)).date():  # one date
             assert not met, arguments["task_id"]
 
 
@@ -132,10 +140,11 @@ def test_an_hour_ahead_with_timeout_1_and_soft_fail_is_skipped_when_deferred() -
     """
     arguments = next(a for n, a in CALLS if a["task_id"] == "timeout_after_second_date_in_the_future_async")
     now = datetime.datetime.now(datetime.timezone.utc)
-    if (now + datetime.timedelta(hours=1)).date() != now.date():
-        arguments = {**arguments, "target_time": (now + datetime.timedelta(minutes=5)).time()}  # near midnight
+    # The moment is the run's date at ``target_time``. Within an hour of midnight "an hour ahead"
+    # falls on tomorrow's date, so the run is dated tomorrow too: the moment stays an hour ahead.
+    an_hour_ahead = now + datetime.timedelta(hours=1)
     task = build(1, "TimeSensor", arguments)
-    context = run_context(task, now)
+    context = run_context(task, now if an_hour_ahead.date() == now.date() else an_hour_ahead)
     with pytest.raises(TaskDeferred) as deferred:
         task.execute(context)
     trigger = deferred.value.trigger
