@@ -53,7 +53,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             {"state": "failure", "matcher": "path", "argument": "state", "comparator": "equals", "expected": "FAILED"},
             {"state": "success", "matcher": "path", "argument": "state", "comparator": "equals", "expected": "DONE"},
         ],
-        "result": {"endpoint": "v1/jobs/{id}/rows", "items_path": "rows", "cursor_path": "next", "cursor_param": "page"},
+        "result": {"endpoint": "v1/jobs/{id}/rows", "items_path": "rows", "cursor_path": "next", "cursor_param": "p"},
         "cancel": {"method": "POST", "endpoint": "v1/jobs/{id}/cancel"},
     },
     "PostgresBatchMarkerTrigger": {
