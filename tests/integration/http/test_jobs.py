@@ -351,3 +351,25 @@ def test_the_trigger_kwargs_hold_no_credential(serve: Serve, connection: Conn) -
     submit = api.server.requests[0]
     assert submit.headers["Authorization"] == "Basic " + base64.b64encode(b"svc:s3cr3t-job-token").decode()
     assert submit.headers["X-Team"] == "data" and submit.headers["Idempotency-Key"]
+
+
+# ------------------------------------------------------------------------------ example DAG
+def test_the_example_dag_parses_without_a_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import socket
+    import sys
+
+    from tests import REPO
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the example DAG opened a network connection at parse time")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    spec = importlib.util.spec_from_file_location("example_http_job_dag", REPO / "dags" / "example_http_job.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "example_http_job_dag", module)
+    spec.loader.exec_module(module)
+    jobs = [t for t in module.dag.tasks if isinstance(t, HttpJobOperator)]
+    assert len(jobs) == 1 and jobs[0].deferrable and jobs[0].http_conn_id == "batch_api"
+    assert [a["state"] for a in jobs[0]._acceptors] == ["failure", "retry", "success"]
