@@ -14,6 +14,7 @@ running state, the Databricks statement shape). ``GET /jobs/<id>`` answers the j
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,11 @@ class Job:
     body: Any
     polls: int = 0
     state: str = "running"
+    #: This job's own behaviour, from its submitted body (``{"runs_for": 3, "fails": true,
+    #: "refuse_polls": 1}``), else the API's: one server can run jobs of every kind at once.
+    runs_for: int | None = None
+    fails: bool | None = None
+    refuse_polls: int = 0
 
 
 @dataclass
@@ -62,6 +68,15 @@ class JobApi:
         assert self.server is not None
         return self.server.url
 
+    def submits_of(self, marker: str) -> int:
+        """Submit requests whose body holds ``marker`` (one scenario of several on one server)."""
+        assert self.server is not None
+        return sum(1 for seen in self.server.requests if seen.method == "POST" and marker.encode() in seen.body
+                   and seen.path == "/jobs")  # fmt: skip
+
+    def job_of(self, marker: str) -> Job:
+        return next(job for job in self.jobs.values() if marker.encode() in (job.body or b""))
+
     def handler(self, seen: Seen) -> web.StreamResponse:
         parts = [part for part in seen.path.split("/") if part]
         with self._lock:
@@ -87,6 +102,14 @@ class JobApi:
         if job is None:
             self.created += 1
             job = Job(id=f"j{next(self._ids)}", key=key, body=seen.body)
+            try:
+                asked = json.loads(seen.body) if seen.body else {}
+            except ValueError:
+                asked = {}
+            if isinstance(asked, dict):
+                job.runs_for = asked.get("runs_for")
+                job.fails = asked.get("fails")
+                job.refuse_polls = int(asked.get("refuse_polls", 0))
             self.jobs[job.id] = job
         headers = {"Retry-After": self.retry_after} if self.retry_after else {}
         link = f"/jobs/{job.id}"
@@ -107,10 +130,13 @@ class JobApi:
         return reply(202, {"id": job.id}, headers={**headers, header: f"{self.url}{link}" if absolute else link})
 
     def _status(self, job: Job) -> web.StreamResponse:
+        if job.refuse_polls > 0:  # the wait fails (403) while the job runs on
+            job.refuse_polls -= 1
+            return reply(403, {"error": "not now"})
         if job.state == "running":
             job.polls += 1
-            if job.polls > self.runs_for:
-                job.state = "failed" if self.fails else "succeeded"
+            if job.polls > (self.runs_for if job.runs_for is None else job.runs_for):
+                job.state = "failed" if (self.fails if job.fails is None else job.fails) else "succeeded"
         body: dict[str, Any] = {"id": job.id, "state": job.state, "statement_id": job.id}
         body["status"] = {"state": {"running": "RUNNING", "succeeded": "SUCCEEDED"}.get(job.state, job.state.upper())}
         if job.state == "failed":
