@@ -342,6 +342,11 @@ class HttpJobTrigger(HttpBatchReadyTrigger):
         """Where the result is, once the job is done: a result URL to page, or the answer itself."""
         spec = self._result_spec
         resume = self.job.get("result_url")
+        if response.redirects and response.ok and not resume:  # a 303 led to the result: its first page
+            pages = _Pages(url=None)
+            pages.first_url = redact_url(str(response.url)) if response.url is not None else None
+            await pages.add(self, response, spec)
+            return pages
         if resume:  # a fetch that stopped part-way (``next`` of an earlier payload) goes on from there
             cursor = self.job.get("cursor")
             pages = _Pages(url=resume, cursor=cursor)

@@ -26,12 +26,12 @@ with DAG(
     tags=["e2e"],
 ) as dag:
     common = {"http_conn_id": "e2e_jobs_api", "endpoint": "jobs", "deferrable": True, "poll_interval": 1, **STATUS}
+    pages = {"result_link_path": "result_url", "items_path": "items", "next_link_path": "next"}
     # Done after a few polls; its result paged in three (next links in the body).
     HttpJobOperator(
         task_id="succeeds",
         data={"scenario": "succeeds", "runs_for": 2},
-        items_path="items",
-        next_link_path="next",
+        **pages,
         timeout=120,
         **common,
     )
@@ -39,8 +39,7 @@ with DAG(
     HttpJobOperator(
         task_id="survives_kill",
         data={"scenario": "survives_kill", "runs_for": 1000},
-        items_path="items",
-        next_link_path="next",
+        **pages,
         timeout=300,
         end_from_trigger=True,
         **common,
@@ -49,8 +48,7 @@ with DAG(
     HttpJobOperator(
         task_id="reattaches",
         data={"scenario": "reattaches", "runs_for": 2, "refuse_polls": 1},
-        items_path="items",
-        next_link_path="next",
+        **pages,
         timeout=120,
         retries=1,
         retry_delay=dt.timedelta(seconds=1),

@@ -61,6 +61,7 @@ def job_operator(conn_id: str, **kwargs: Any) -> HttpJobOperator:
     kwargs.setdefault("deferrable", True)
     kwargs.setdefault("items_path", "items")
     kwargs.setdefault("next_link_path", "next")
+    kwargs.setdefault("result_link_path", "result_url")
     return HttpJobOperator(task_id=kwargs.pop("task_id", "job"), http_conn_id=conn_id, **kwargs)
 
 
@@ -114,7 +115,7 @@ def test_each_submit_answer_is_followed_to_the_paged_result(serve: Serve, connec
 
 def test_a_synchronous_answer_is_the_result_with_no_deferral(serve: Serve, connection: Conn) -> None:
     api, conn = api_and_conn(serve, connection, shape="sync")
-    op = job_operator(conn, items_path=None, next_link_path=None, select=["answer"])
+    op = job_operator(conn, items_path=None, next_link_path=None, result_link_path=None, select=["answer"])
     store = MemoryStore()
     payload = execute(op, store)
     assert not isinstance(payload, TaskDeferred)
@@ -133,6 +134,7 @@ def test_a_pending_statement_is_polled_by_the_id_in_its_answer(serve: Serve, con
         status_endpoint="jobs/{id}",
         job_id_path="statement_id",
         result_endpoint="jobs/{id}/result",
+        result_link_path=None,
     )
     deferred = execute(op, MemoryStore())
     assert isinstance(deferred, TaskDeferred)
@@ -179,7 +181,7 @@ def test_every_page_is_followed(serve: Serve, connection: Conn, paging: str, opt
 def test_max_pages_stops_and_the_cursor_carries_the_fetch_on(serve: Serve, connection: Conn) -> None:
     api, conn = api_and_conn(serve, connection, paging="cursor", items=7, page_size=3)
     op = job_operator(
-        conn, result_endpoint="jobs/{id}/result", job_id_path="id", next_link_path=None,
+        conn, result_endpoint="jobs/{id}/result", job_id_path="id", next_link_path=None, result_link_path=None,
         cursor_path="cursor", cursor_param="cursor", max_pages=2,
     )  # fmt: skip
     payload = resume(op, execute(op, None), None)
