@@ -1,4 +1,4 @@
-"""Wait for a remote job an HTTP API started, then fetch its result: the deferred half of a job.
+"""Wait in the triggerer for a job an HTTP API started, then fetch its result.
 
 :class:`~airflow_deferrable_kit.operators.http.HttpJobOperator` submits the job once, on the
 worker, and hands this trigger the job's handle (its status URL and id). The trigger never
