@@ -77,6 +77,14 @@ class JobApi:
     def job_of(self, marker: str) -> Job:
         return next(job for job in self.jobs.values() if marker.encode() in (job.body or b""))
 
+    def finish(self, marker: str, *, refused: int = 0) -> None:
+        """End the job of ``marker`` at its next poll after ``refused`` polls answered 403 (the
+        test decides when a job ends, not a count of polls made while Airflow was starting)."""
+        with self._lock:
+            job = self.job_of(marker)
+            job.refuse_polls = refused
+            job.runs_for = job.polls
+
     def handler(self, seen: Seen) -> web.StreamResponse:
         parts = [part for part in seen.path.split("/") if part]
         with self._lock:
