@@ -34,10 +34,13 @@ _OWN_WAITS = ("Deferrable Kit: your own waits", "writing-your-own-wait.md", ("ap
 _MORE_TRIGGER_MODULES: dict[str, tuple[str, ...]] = {
     "s3": ("s3_unchanged", "s3_events"),
     "postgres": ("postgres_events",),
-    "http": ("http_events",),
+    "http": ("http_events", "http_jobs"),
     "kafka": ("kafka_events",),
     "base": ("events", "official_events"),
 }
+
+# Integrations that also have an operator module under operators/ (one that starts remote work).
+_OPERATOR_MODULES = ("http",)
 
 # The connection types the waits read: (type, hook class in airflow_deferrable_kit.hooks, its UI
 # name, the official provider that declares the type itself). Named, not imported: the hooks
@@ -85,7 +88,8 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "airflow-deferrable-kit",
         "name": "Deferrable Kit",
         "description": "Deferrable sensors and natively async triggers for S3, HTTP, Postgres, Kafka "
-        "and wall-clock waits, plus a base trigger for writing your own.",
+        "and wall-clock waits, a deferrable HTTP job operator that submits once, plus a base trigger for "
+        "writing your own.",
         "versions": [__version__],
         "integrations": [
             *(
@@ -100,6 +104,12 @@ def get_provider_info() -> dict[str, Any]:
                 for module, name, _, _ in _WAITS
             ),
             {"integration-name": own_name, "python-modules": ["airflow_deferrable_kit.sensors.base"]},
+        ],
+        # Operators that start remote work and defer only its wait (HTTP jobs), under their integration.
+        "operators": [
+            {"integration-name": name, "python-modules": [f"airflow_deferrable_kit.operators.{module}"]}
+            for module, name, _, _ in _WAITS
+            if module in _OPERATOR_MODULES
         ],
         "triggers": [
             *({"integration-name": name, "python-modules": _trigger_modules(module)} for module, name, _, _ in _WAITS),

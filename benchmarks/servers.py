@@ -13,7 +13,14 @@
   ``GET /poison/500`` always answers 500; ``GET /poison/slow`` answers only after an hour, so
   the wait's own request timeout ends every request it makes.
 
-Both answer ``GET /__requests__`` with the number of requests served so far (that one not
+* ``jobs``: a job API for ``benchmarks/http_jobs.py``. ``POST /jobs`` creates a job and answers
+  ``202`` with its ``Location`` (``/jobs/{id}``); ``POST /jobs?wait=true`` holds the request open
+  until the job is done and answers ``200`` with it (a "run and wait" endpoint, the only way
+  ``HttpOperator(deferrable=True)`` waits for a job). ``GET /jobs/{id}`` answers
+  ``{"state": "running"}`` until ``POST /flip``, then ``{"state": "succeeded"}``. Every submit is
+  counted: ``GET /__requests__`` also says ``submits``, ``polls`` and ``jobs``.
+
+All answer ``GET /__requests__`` with the number of requests served so far (that one not
 counted), so the benchmark divides CPU by the polls really made, not by the polls due.
 
 Run ``python -m benchmarks.servers {s3|http} --port P``.
@@ -113,12 +120,51 @@ def serve_http(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, keepalive_timeout=75)
 
 
+def serve_jobs(port: int) -> None:
+    from aiohttp import web
+
+    state: dict[str, Any] = {"submits": 0, "polls": 0}
+    jobs: dict[str, str] = {}
+    done = asyncio.Event()
+
+    async def submit(request: web.Request) -> web.Response:
+        state["submits"] += 1
+        job = f"j{len(jobs) + 1}"
+        jobs[job] = "running"
+        if request.query.get("wait") == "true":  # answered when the job is done
+            await done.wait()
+            return web.json_response({"id": job, "state": "succeeded"})
+        return web.json_response({"id": job}, status=202, headers={"Location": f"/jobs/{job}"})
+
+    async def status(request: web.Request) -> web.Response:
+        state["polls"] += 1
+        job = request.match_info["id"]
+        if job not in jobs:
+            return web.json_response({"error": f"no job {job}"}, status=404)
+        return web.json_response({"id": job, "state": "succeeded" if done.is_set() else "running"})
+
+    async def flip(request: web.Request) -> web.Response:
+        done.set()
+        return web.json_response({"ready_at": time.time()})
+
+    async def count(request: web.Request) -> web.Response:
+        served = state["submits"] + state["polls"]
+        return web.json_response({"requests": served, **state, "jobs": len(jobs)})
+
+    app = web.Application()
+    app.router.add_get(COUNT_PATH, count)
+    app.router.add_post("/jobs", submit)
+    app.router.add_get("/jobs/{id}", status)
+    app.router.add_post("/flip", flip)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, keepalive_timeout=75)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("server", choices=["s3", "http"])
+    parser.add_argument("server", choices=["s3", "http", "jobs"])
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    {"s3": serve_s3, "http": serve_http}[args.server](args.port)
+    {"s3": serve_s3, "http": serve_http, "jobs": serve_jobs}[args.server](args.port)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import email.utils
 import functools
 import importlib
 import json
+import re
 import ssl
 import sys
 import time
@@ -297,6 +298,36 @@ class Target:
             url = url.extend_query(_query_items(query))
         return url
 
+    def at(self, link: str, query: Mapping[str, Any] | None = None) -> tuple[Target, URL]:
+        """The target and URL for ``link``: a path under the base URL, or an absolute URL a
+        server handed out (a job's ``Location``, a result's next page).
+
+        An absolute URL at another origin than the connection's is asked without the
+        connection's credentials (``Authorization``, cookies, key headers), by the rule redirects
+        follow (:func:`keeps_credentials`), so a server cannot send them elsewhere by naming a URL.
+        """
+        from yarl import URL
+
+        if "://" not in link:
+            return self, self.url(link, query)
+        url = URL(link)
+        if url.scheme not in DEFAULT_PORTS or not url.host:
+            raise FatalError(
+                f"the server named {redact_url(link)!r} as a URL to ask, which is not an http(s) URL",
+                error_type=ErrorType.PROTOCOL,
+            )
+        url = url.with_user(None)
+        if query:
+            url = url.extend_query(_query_items(query))
+        if keeps_credentials(self.base, url):
+            return self, url
+        headers = {name: value for name, value in self.headers.items() if not _origin_only(name)}
+        return dataclasses.replace(self, headers=headers), url
+
+    def with_headers(self, headers: Mapping[str, str]) -> Target:
+        """This target sending ``headers`` too (a request's own, such as an idempotency key)."""
+        return dataclasses.replace(self, headers={**self.headers, **headers})
+
 
 async def load_options(conn_id: str) -> Target:
     """Read the connection asynchronously and turn it into a :class:`Target`."""
@@ -389,9 +420,12 @@ async def send(
     json_body: Any,
     timeout: float,
     max_body_bytes: int,
+    data: str | bytes | None = None,
 ) -> Response:
     """One request with the connection's headers, TLS and proxy, following redirects as
     ``requests`` does for the official ``HttpSensor``.
+
+    The body is ``json_body`` as JSON, or ``data`` as it is (text or bytes), or none.
 
     Up to :data:`MAX_REDIRECTS` hops, each with requests' rules (``Session.resolve_redirects``):
     the method of :func:`redirected_method` (302 and 303 make every method but HEAD a GET, 301
@@ -410,11 +444,16 @@ async def send(
     deadline = loop.time() + timeout
     headers = dict(target.headers)
     body = json_body
+    raw = data
     jar: CookieJar | None = None  # made at the first cookie a redirect sets
     for hop in range(MAX_REDIRECTS + 1):
         # No body: no Content-Type either (aiohttp would add application/octet-stream to a bare
         # POST, PUT or PATCH; requests adds none).
-        options: dict[str, Any] = {"json": body} if body is not None else {"skip_auto_headers": ("Content-Type",)}
+        options: dict[str, Any] = {"skip_auto_headers": ("Content-Type",)}
+        if body is not None:
+            options = {"json": body}
+        elif raw is not None:
+            options = {"data": raw}
         async with session.request(
             method,
             url,
@@ -450,7 +489,7 @@ async def send(
             headers = {name: value for name, value in headers.items() if not _origin_only(name)}
         method = redirected_method(status, method)
         if status not in (307, 308):
-            body = None
+            body = raw = None
         url = following
     raise AssertionError("not reached: the last hop returns its response")  # pragma: no cover
 
@@ -622,6 +661,26 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
     if seconds != seconds:  # NaN
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def next_link(value: str | None) -> str | None:
+    """The ``rel="next"`` target of a ``Link`` header (RFC 8288), or ``None``.
+
+    ``<https://api/x?page=2>; rel="next", <...>; rel="last"``: the first link whose ``rel``
+    names ``next`` among its space-separated relations.
+    """
+    if not value:
+        return None
+    for part in _LINK.finditer(value):
+        params = part.group("params") or ""
+        for match in _LINK_REL.finditer(params):
+            if "next" in match.group("rel").strip('"').lower().split():
+                return part.group("target").strip()
+    return None
+
+
+_LINK: Final = re.compile(r"<(?P<target>[^>]*)>(?P<params>(?:\s*;\s*[^;,<]+(?:=(?:\"[^\"]*\"|[^;,]*))?)*)")
+_LINK_REL: Final = re.compile(r"rel\s*=\s*(?P<rel>\"[^\"]*\"|[^;,\s]+)", re.IGNORECASE)
 
 
 # ---------------------------------------------------------------------------------- errors

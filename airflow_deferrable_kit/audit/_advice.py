@@ -50,6 +50,9 @@ class Equivalent:
     end_note: str = ""
     event_trigger: str = ""
     start_note: str = ""
+    #: Whether it can start in the triggerer (``start_from_trigger``); an operator whose first
+    #: step is a request it must send once, on a worker, cannot.
+    starts_in_triggerer: bool = True
 
     @property
     def name(self) -> str:
@@ -73,6 +76,12 @@ _HTTP = Equivalent(
     end_note="not with a response_check: say it as success=/failure= acceptors",
     event_trigger=_EVENTS + "http_events.HttpBatchReadyEventTrigger",
     start_note="not with a callable response_check: say it as success=/failure= acceptors or an importable path",
+)
+_HTTP_JOB = Equivalent(
+    "airflow_deferrable_kit.operators.http.HttpJobOperator",
+    "submits once, saves the job's handle, and re-attaches on retry",
+    end_note="a timeout still resumes on a worker, which raises it",
+    starts_in_triggerer=False,
 )
 _POSTGRES = Equivalent(
     _KIT + "postgres.PostgresBatchMarkerSensor",
@@ -102,6 +111,7 @@ EQUIVALENTS: dict[str, Equivalent] = {
     "HttpSensor": _HTTP,
     "HttpSensorAsync": _HTTP,
     "HttpBatchReadySensor": _HTTP,
+    "HttpJobOperator": _HTTP_JOB,
     "SqlSensor": _POSTGRES,
     "PostgresBatchMarkerSensor": _POSTGRES,
     "AwaitMessageSensor": _KAFKA,
@@ -293,7 +303,7 @@ def recommend(
     if (modes.get("poke") or modes.get("reschedule")) and savings.deferring > 0:
         return Recommendation(key, held_modes, "deferrable", migration_advice(equivalent) + also, savings.deferring)
     ending = end_from_trigger_advice(equivalent, listeners)
-    if savings.starting_in_trigger > 0:
+    if savings.starting_in_trigger > 0 and (equivalent is None or equivalent.starts_in_triggerer):
         ends_too = ending is not None and savings.ending_in_trigger > 0
         saves = savings.starting_in_trigger + (savings.ending_in_trigger if ends_too else 0.0)
         starting = start_from_trigger_advice(equivalent, ending if ends_too else None)

@@ -39,9 +39,14 @@ WORKER_STOP = (
 )
 
 
+#: Operators that are waits too: they start remote work in one request and then only wait for
+#: it (the kit's HTTP job operator), so time they hold beyond one check is idle as a sensor's is.
+WAITING_OPERATORS = frozenset({"HttpJobOperator"})
+
+
 def is_sensor(*names: str | None) -> bool:
     """Whether an operator waits for something (so time held beyond one check is idle)."""
-    return any(name and "sensor" in name.lower() for name in names)
+    return any(name and ("sensor" in name.lower() or name in WAITING_OPERATORS) for name in names)
 
 
 # ------------------------------------------------------------------ measuring one try

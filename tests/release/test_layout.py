@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the trigger side: what the triggerer imports
     ("triggers",),
     # the worker side, and helpers for users' tests
-    ("sensors", "testing", "testing_events"),
+    ("sensors", "operators", "testing", "testing_events"),
     # tools and metadata
     ("audit", "cli", "get_provider_info", "hooks"),
 )

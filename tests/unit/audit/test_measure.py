@@ -189,6 +189,7 @@ def test_idle_allows_one_check_at_most_the_shortest_run() -> None:
         (("PostgresPartitionSensor",), KIT + "postgres.PostgresBatchMarkerSensor"),
         (("AwaitMessageSensor",), KIT + "kafka.KafkaMessageSensor"),
         (("KafkaMessageSensor",), KIT + "kafka.KafkaMessageSensor"),
+        (("HttpJobOperator",), "airflow_deferrable_kit.operators.http.HttpJobOperator"),
         (("DecoratedSensorOperator", "@task.sensor"), None),
         (("ExternalTaskSensor",), None),
         (("PythonOperator",), None),
@@ -203,6 +204,8 @@ def test_kit_equivalents_by_class_name(names: tuple[str | None, ...], expected: 
 def test_sensors_are_told_apart_by_name() -> None:
     assert is_sensor("S3KeySensor") and is_sensor(None, "@task.sensor") and is_sensor("DateTimeSensorAsync")
     assert not is_sensor("PythonOperator", None) and not is_sensor(None, None)
+    # The kit's job operator submits once and then only waits: its held time is a wait's.
+    assert is_sensor("HttpJobOperator") and not is_sensor("HttpOperator")
 
 
 @pytest.mark.parametrize(
@@ -227,3 +230,13 @@ def test_durations_are_shown_in_the_unit_their_size_calls_for(seconds: float, sh
 
 def test_a_cost_too_small_for_a_cent_is_not_shown_as_zero() -> None:
     assert [money(0), money(0.0024), money(0.005), money(1234.5)] == ["0.00", "<0.01", "0.01", "1,234.50"]
+
+
+def test_the_job_operator_is_told_to_end_in_the_triggerer_never_to_start_there() -> None:
+    """Its submit must run once on a worker, so only the resumed run can be saved."""
+    from airflow_deferrable_kit.audit._advice import Listeners, Savings, recommend
+
+    savings = Savings(ending_in_trigger=120.0, starting_in_trigger=30.0)
+    key = {"dag_id": "d", "task_id": "run_job", "operator": "HttpJobOperator"}
+    advice = recommend(key, {"deferred": 3}, kit_equivalent("HttpJobOperator"), savings, listeners=Listeners(False))
+    assert advice is not None and advice.change == "end_from_trigger" and "HttpJobOperator" in advice.advice

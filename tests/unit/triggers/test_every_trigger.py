@@ -45,6 +45,17 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         },
     },
     "HttpBatchReadyTrigger": {"http_conn_id": "batch_api", "endpoint": "v1/batches/1/status"},
+    "HttpJobTrigger": {
+        "http_conn_id": "jobs_api",
+        "endpoint": "https://jobs.example.com/v1/jobs/j-42",
+        "job": {"id": "j-42", "poll_after": "2030-01-01T00:00:10+00:00"},
+        "acceptors": [
+            {"state": "failure", "matcher": "path", "argument": "state", "comparator": "equals", "expected": "FAILED"},
+            {"state": "success", "matcher": "path", "argument": "state", "comparator": "equals", "expected": "DONE"},
+        ],
+        "result": {"endpoint": "v1/jobs/{id}/rows", "items_path": "rows", "cursor_path": "next", "cursor_param": "p"},
+        "cancel": {"method": "POST", "endpoint": "v1/jobs/{id}/cancel"},
+    },
     "PostgresBatchMarkerTrigger": {
         "postgres_conn_id": "warehouse",
         "table": "etl.batch_markers",
