@@ -37,7 +37,7 @@ from airflow_deferrable_kit.audit._advice import (
     kit_equivalent,
 )
 from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
-from airflow_deferrable_kit.audit._html import render_html
+from airflow_deferrable_kit.audit._html import STYLE, figures_html, render_html
 from airflow_deferrable_kit.audit._measure import (
     CLOCK_SKEW_ALLOWANCE,
     WORKER_START,
@@ -59,6 +59,7 @@ from airflow_deferrable_kit.audit._metadata import (
     TIH,
     UTC,
     DagShape,
+    UtcDateTime,
     all_dag_ids,
     check_schema,
     dag_shape,
@@ -176,6 +177,7 @@ __all__ = [
     "SQL_ALCHEMY_CONN_ENV",
     "STARTS_DAG_CONDITION",
     "START_CONDITION",
+    "STYLE",
     "TI",
     "TIH",
     "UTC",
@@ -195,10 +197,12 @@ __all__ = [
     "Totals",
     "Try",
     "Usage",
+    "UtcDateTime",
     "check_schema",
     "dag_shape",
     "duration",
     "events_query",
+    "figures_html",
     "is_sensor",
     "kit_equivalent",
     "listener_evidence",

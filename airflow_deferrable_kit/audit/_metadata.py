@@ -61,6 +61,9 @@ class _UtcDateTime(TypeDecorator[dt.datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+#: The same type under a public name, for the other readers of the metadata DB (the Waits page).
+UtcDateTime = _UtcDateTime
+
 _md = sa.MetaData()
 
 
