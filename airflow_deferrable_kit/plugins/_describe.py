@@ -99,11 +99,12 @@ def _text(value: Any) -> str:
 def _endpoint(value: Any) -> str:
     """An endpoint with its query's values dropped: a token may ride in a query string."""
     text = _text(value)
-    parts = urlsplit(text)
-    if parts.query:
-        names = [pair.split("=", 1)[0] for pair in parts.query.split("&") if pair]
-        text = text.split("?", 1)[0] + "?" + "&".join(f"{name}=…" for name in names)
-    return redact_url(text)
+    path, _, query = text.partition("?")
+    path = redact_url(path)  # a user:password@ in a full URL
+    if not urlsplit(text).query:
+        return path
+    names = [pair.split("=", 1)[0] for pair in query.split("&") if pair]
+    return path + "?" + "&".join(f"{name}=…" for name in names)
 
 
 def _s3(kwargs: Mapping[str, Any]) -> str:
@@ -132,7 +133,7 @@ def _target(kind: str, kwargs: Mapping[str, Any]) -> str:
     else:
         return ""
     text = f"{conn}: {text}" if conn else text
-    text = redact(redact_url(text))
+    text = redact(text if kind == "http" else redact_url(text))  # http: query values already dropped
     return text if len(text) <= MAX_TARGET_CHARS else text[: MAX_TARGET_CHARS - 1] + "…"
 
 
