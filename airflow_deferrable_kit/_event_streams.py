@@ -21,7 +21,9 @@ the moment a batch is broadcast, so nothing here holds a batch for long:
   the next event is due (:meth:`Board.want_batch`);
 * the producer sends a :data:`TICK` (a batch without a look) for that, and looks again only once
   every subscriber moved past its previous batch (:meth:`Board.until_settled`), so batches never
-  pile up with their clocks running.
+  pile up with their clocks running. An edge watcher's producer may be a few batches ahead
+  (``lag``): a look skipped while an event waits to be stored could miss a transition, and each
+  of its batches carries one event at most.
 """
 
 from __future__ import annotations
@@ -123,13 +125,14 @@ class Board:
             for listener in list(self._listeners):
                 listener()
 
-    async def until_settled(self) -> None:
-        """Until every subscriber is done with the newest batch: moved past it, its events stored.
+    async def until_settled(self, lag: int = 0) -> None:
+        """Until every subscriber is done with the newest batch but ``lag``: moved past it, its
+        events stored.
 
         Airflow fails a subscriber whose batch is not done with within its ack timeout, and a
         failed or departed subscriber counts as done, so this wait is bounded by that timeout.
         """
-        while self.settled_through < self.issued:
+        while self.issued - self.settled_through > lag:
             self._settled.clear()
             await self._settled.wait()
 

@@ -8,9 +8,10 @@
 #
 # unit and integration run under pytest-xdist, a test file per worker at a time (`--dist
 # loadfile`: a file's module fixtures are built once), every service started once per worker.
-# e2e runs two pytest processes side by side, each running its tests one after another in file
-# order: the tests of the event deployment (marker `event_deployment`) and the others (the
-# showcase deployment, the uneven-host one); each deployment starts once. release is small and
+# e2e runs three pytest processes side by side, one per deployment, each running its tests one
+# after another in file order: the event deployment's tests (marker `event_deployment`), the HA
+# deployment's (marker `ha_deployment`) and the others (the showcase deployment); each deployment
+# starts once. release is small and
 # runs in one process. Every test has a timeout (pyproject.toml: 120 s; tests/e2e/conftest.py:
 # 900 s), so a hung test fails by name instead of holding the run.
 set -euo pipefail
@@ -39,22 +40,30 @@ run() {  # run <report name> [pytest args...]
   "$PYTEST" -q -p no:cacheprovider --durations=15 --junitxml=".test-reports/$report.xml" "$@"
 }
 if [ "$tier" = e2e ]; then
-  # Two processes, their output kept apart and printed whole when each ends.
-  run e2e-events "${paths[@]}" -m event_deployment "$@" >.test-reports/e2e-events.log 2>&1 &
-  events=$!
-  run e2e "${paths[@]}" -m "not event_deployment" "$@" >.test-reports/e2e.log 2>&1 &
-  others=$!
-  wait "$others" || status=$?
-  echo "== e2e: the showcase and uneven-host deployments (exit $status, $((SECONDS - started)) s)"
-  cat .test-reports/e2e.log
-  events_status=0
-  wait "$events" || events_status=$?
-  echo "== e2e: the event deployment (exit $events_status, $((SECONDS - started)) s)"
-  cat .test-reports/e2e-events.log
-  # pytest exits 5 when -m selects nothing (a path holding only one deployment's tests).
-  [ "$status" = 5 ] && status=0
-  [ "$events_status" = 5 ] && events_status=0
-  [ "$status" != 0 ] || status=$events_status
+  # One process per deployment, their output kept apart and printed whole when each ends.
+  declare -A selects=([e2e-events]="event_deployment" [e2e-ha]="ha_deployment"
+    [e2e]="not event_deployment and not ha_deployment")
+  declare -A titles=([e2e-events]="the event deployment" [e2e-ha]="the HA deployment"
+    [e2e]="the showcase deployment")
+  declare -A pids=()
+  for report in e2e-events e2e-ha e2e; do
+    (
+      report_status=0
+      run "$report" "${paths[@]}" -m "${selects[$report]}" "$@" >".test-reports/$report.log" 2>&1 || report_status=$?
+      echo "$((SECONDS - started))" >".test-reports/$report.seconds"
+      exit "$report_status"
+    ) &
+    pids[$report]=$!
+  done
+  for report in e2e e2e-ha e2e-events; do
+    report_status=0
+    wait "${pids[$report]}" || report_status=$?
+    echo "== e2e: ${titles[$report]} (exit $report_status, $(cat ".test-reports/$report.seconds") s)"
+    cat ".test-reports/$report.log"
+    # pytest exits 5 when -m selects nothing (a path holding only other deployments' tests).
+    [ "$report_status" = 5 ] && report_status=0
+    [ "$status" != 0 ] || status=$report_status
+  done
 else
   run "$tier" "${parallel[@]}" "${paths[@]}" "$@" || status=$?
 fi

@@ -672,22 +672,31 @@ class PostgresBatches:
     async def _one_by_one(self, batch: _Batch, asks: list[_Ask], connection: Any) -> None:
         """Ask each wait's query alone (a shape that cannot batch, a batch one wait's value broke)."""
         for ask in asks:
-            if not ask.pending():
-                continue
-            if is_lost(connection):  # an earlier ask's query lost it: this one was never sent
-                _settle(ask, error=connection_lost())
-                continue
-            try:
-                _count()
-                row = await connection.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
-            except asyncio.CancelledError:
-                raise
-            except asyncio.TimeoutError:
-                _settle(ask, error=query_timed_out(batch.timeout))
-            except Exception as exc:
-                _settle(ask, error=exc)
-            else:
-                _settle(ask, row)
+            if ask.pending():
+                await self._ask_on(connection, batch, ask)
+
+    async def _ask_on(self, lane: Any, batch: _Batch, ask: _Ask) -> bool | None:
+        """Ask one wait's query alone on ``lane`` and settle it with its row or its error.
+
+        Returns whether it was answered: ``False`` when it ran past the statement's timeout,
+        ``None`` when it was never sent (an earlier ask's query lost the connection).
+        """
+        if is_lost(lane):
+            _settle(ask, error=connection_lost())
+            return None
+        try:
+            _count()
+            row = await lane.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            _settle(ask, error=query_timed_out(batch.timeout))
+            return False
+        except Exception as exc:
+            _settle(ask, error=exc)
+        else:
+            _settle(ask, row)
+        return True
 
     async def _re_ask(self, batch: _Batch, asks: list[_Ask], connection: Any) -> bool:
         """Ask each wait of a batch that ran past its budget alone, over a few connections at once.
@@ -712,24 +721,12 @@ class PostgresBatches:
                 ask = queue.popleft()
                 if not ask.pending():
                     continue
-                if is_lost(lane):  # an earlier ask's query lost it: this one was never sent
-                    _settle(ask, error=connection_lost())
-                    continue
-                try:
-                    _count()
-                    row = await lane.fetchrow(batch.sql, *ask.args, timeout=batch.timeout)
-                except asyncio.CancelledError:
-                    raise
-                except asyncio.TimeoutError:
-                    _settle(ask, error=query_timed_out(batch.timeout))
+                answer = await self._ask_on(lane, batch, ask)
+                if answer:
+                    answered[0] += 1
+                elif answer is False:
                     timed_out.append(ask)
                     self._ask_alone(batch, ask)
-                except Exception as exc:
-                    answered[0] += 1
-                    _settle(ask, error=exc)
-                else:
-                    answered[0] += 1
-                    _settle(ask, row)
 
         async def pooled_lane() -> None:
             try:

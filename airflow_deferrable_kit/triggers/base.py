@@ -485,24 +485,21 @@ class PollingTrigger(BaseTrigger):
         try:
             self._render_each(context, jinja_env or self.get_template_env())
         except _TemplateFailed as failed:
-            self._unbuilt = FatalError(
-                f"{type(self).__name__}: {failed.argument} could not be rendered in the triggerer: "
-                f"{describe_exception(failed.cause)}",
-                error_type=ErrorType.BAD_CONFIGURATION,
+            self._refuse_rendered(
+                f"{failed.argument} could not be rendered in the triggerer: {describe_exception(failed.cause)}"
             )
-            self.log.error("%s", redact(self._unbuilt.message))
             return
         try:
             self._check_arguments()
             self._deadline_from_start()
             self.work_out_from_run(context)
         except Exception as exc:
-            self._unbuilt = FatalError(
-                f"{type(self).__name__}: the arguments rendered in the triggerer are not valid: "
-                f"{describe_exception(exc)}",
-                error_type=ErrorType.BAD_CONFIGURATION,
-            )
-            self.log.error("%s", redact(self._unbuilt.message))
+            self._refuse_rendered(f"the arguments rendered in the triggerer are not valid: {describe_exception(exc)}")
+
+    def _refuse_rendered(self, reason: str) -> None:
+        """End this wait from :meth:`run` with one ``bad_configuration`` error, logged once."""
+        self._unbuilt = FatalError(f"{type(self).__name__}: {reason}", error_type=ErrorType.BAD_CONFIGURATION)
+        self.log.error("%s", redact(self._unbuilt.message))
 
     def _render_each(self, context: Any, jinja_env: Any) -> None:
         """Render each templated argument in place, naming the one whose template fails.

@@ -73,6 +73,12 @@ LOAD_RETRY_BASE, LOAD_RETRY_CAP = 0.5, 30.0
 UNBUILT_RETRY_BASE, UNBUILT_RETRY_CAP = 5.0, 300.0
 #: Seconds between two asset events of one watcher, by default (see ``min_event_interval``).
 MIN_EVENT_INTERVAL: Final = 5.0
+#: Batches an edge watcher's looks may run ahead of the storing of its events. It keeps looking
+#: every ``poll_interval`` while the triggerer is slow to store (a look skipped could miss a
+#: transition that is undone before the next); each batch carries one event at most, so the
+#: backlog stays this small and far inside Airflow's ack timeout. Item watchers never run ahead:
+#: their next look finds whatever appeared meanwhile.
+EDGE_LOOK_AHEAD: Final = 10
 #: The items one asset event carries at most, in bytes of JSON (each item is cut to fit the
 #: kit's payload size first): a look that found more is fired as several events, spaced.
 MAX_EVENT_BYTES: Final = 512 * 1024
@@ -157,6 +163,10 @@ class Outbox:
 
     def __bool__(self) -> bool:
         return any(payload is not None for payload, _ in self._entries)
+
+    def __len__(self) -> int:
+        """The events waiting to be fired."""
+        return sum(1 for payload, _ in self._entries if payload is not None)
 
     def add(self, events: Sequence[dict[str, Any]], state: Any) -> None:
         """A look's events, in order, and the watermark that covers them all (or :data:`UNCHANGED`)."""
@@ -341,7 +351,8 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
 
         Between two looks it yields a :data:`TICK` whenever a subscriber has an event waiting
         (see :meth:`filter_shared_stream`), and it yields nothing, look or tick, until every
-        subscriber is done with the previous batch (:meth:`Board.until_settled`).
+        subscriber is done with the previous batch (:meth:`Board.until_settled`; an edge
+        watcher's looks may run :data:`EDGE_LOOK_AHEAD` batches ahead).
         """
         if self._unbuilt is not None:
             async for data in self._late_poll(board):
@@ -354,7 +365,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         # is shortened by a random part of one interval, as the waits' is.
         phased = not self.spread_polls
         while True:
-            await board.until_settled()
+            await board.until_settled(self._look_ahead)
             # Items: no look sooner than min_event_interval after the group's last event, so what
             # appears meanwhile is found by one look and is one event (see filter_shared_stream).
             # Edges are looked at every poll_interval (a look skipped could miss one); only the
@@ -392,6 +403,15 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             async for tick in self._ticks_until_look(board, delay, started, extra):
                 yield tick
 
+    def _judges_with(self, outbox: Outbox) -> bool:
+        """Whether a look is judged while ``outbox`` holds what earlier looks found."""
+        return not outbox if self.fires_items else len(outbox) < EDGE_LOOK_AHEAD
+
+    @property
+    def _look_ahead(self) -> int:
+        """Batches the looks may run ahead of the storing of their events (:data:`EDGE_LOOK_AHEAD`)."""
+        return 0 if self.fires_items else EDGE_LOOK_AHEAD
+
     def _batch_due(self, board: Board) -> bool:
         wanted = board.next_batch_wanted()
         return wanted is not None and wanted <= self.clock.time()
@@ -402,7 +422,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         """The ticks subscribers want during the ``delay`` before the next look."""
         end = self.clock.time() + delay
         while True:
-            await board.until_settled()
+            await board.until_settled(self._look_ahead)
             if self._batch_due(board):
                 yield TICK
                 continue
@@ -508,10 +528,12 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             self.follow(board, state)
             gate = judging_gate()
             async for raw in shared_stream:
-                # A look is judged only once everything the previous ones found is fired: what
-                # this watcher holds in memory stays one look's worth, and what it skips is
-                # found again by the next look (its watermark has not moved past it).
-                if raw.data is not TICK and not outbox:
+                # An item watcher judges a look only once everything the previous ones found is
+                # fired: what it holds in memory stays one look's worth, and what it skips is
+                # found again by the next look (its watermark has not moved past it). An edge
+                # watcher judges every look (a look skipped could miss a transition), while a
+                # few of its events wait for their turn at most.
+                if raw.data is not TICK and self._judges_with(outbox):
                     # The watchers of one look judge it a few per loop iteration (JudgingGate),
                     # so a thousand of them never hold the loop for the sum of their work.
                     units = self.judging_units(raw.data)

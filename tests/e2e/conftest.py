@@ -42,23 +42,41 @@ E2E_TIMEOUT = 900
 @pytest.hookimpl(tryfirst=True)  # before -m reads the markers added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test here is an e2e test, with the tier's own timeout (the 120 s default is too
-    short), marked with the deployment it runs on: ``event_deployment`` for the tests of the
-    event deployment. scripts/test-tier.sh runs those and the others in two processes side by
-    side, each process's tests one after another in file order, so each deployment starts once."""
+    short), marked with the deployment it runs on: ``event_deployment`` and ``ha_deployment``
+    for the tests of those two, none for the showcase deployment's. scripts/test-tier.sh runs
+    the three sets in three processes side by side, each process's tests one after another in
+    file order, so each deployment starts once."""
     for item in items:
         if HERE not in Path(str(item.path)).parents:
             continue
         item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
-        if "event_airflow" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "event_airflow" in fixtures:
             item.add_marker(pytest.mark.event_deployment)
+        if "ha_deployment" in fixtures:
+            item.add_marker(pytest.mark.ha_deployment)
 
 
 @pytest.fixture(scope="session")
 def event_airflow(
     postgres_server: services.Postgres, s3_server: services.S3Server, kafka_broker: services.Kafka
 ) -> Iterator[EventDeployment]:
-    """The Airflow of the event-driven and HA tests (tests/e2e/event_deployment.py)."""
+    """The Airflow of the event-driven tests and the bursts (tests/e2e/event_deployment.py)."""
     with event_deployment(postgres_server, s3_server, kafka_broker) as deployment:
+        yield deployment
+
+
+@pytest.fixture(scope="session")
+def ha_deployment(
+    postgres_server: services.Postgres, s3_server: services.S3Server, kafka_broker: services.Kafka
+) -> Iterator[EventDeployment]:
+    """A second deployment of the same shape, for the tests that kill triggerers or run them on
+    an uneven host: HA, failover, survival. Its DAG processor also has a wait module no
+    triggerer has (``survival_hosts/processor_only``), as in-house code shipped to the DAG
+    processor alone would be."""
+    with event_deployment(
+        postgres_server, s3_server, kafka_broker, processor_path=HERE / "survival_hosts" / "processor_only"
+    ) as deployment:
         yield deployment

@@ -1,6 +1,8 @@
-"""The one Airflow every event-driven and HA end-to-end test runs on, one module after another.
+"""The Airflow the event-driven end-to-end tests run on, one module after another, and the HA one.
 
-A PostgreSQL metadata DB (SQLite allows one writer; these tests run two triggerers), the event
+Two deployments of this shape run side by side, each in its own test process: the event
+deployment (watchers, bursts) and the HA deployment (two triggerers, kills, an uneven host). A
+PostgreSQL metadata DB (SQLite allows one writer; these tests run two triggerers), the event
 DAGs' connections and every name their DAG files read from the environment, fixed when it
 starts. Each module brings its own DAG files in (``install``), sets up the triggerers it needs
 (``restart_triggerers``: how many, with which settings) and, when it is done, takes its watchers
@@ -98,17 +100,20 @@ class EventDeployment:
     def live_triggerers(self) -> list[int]:
         return running_triggerers(self.dsn)
 
-    def restart_triggerers(self, count: int = 1, **settings: str) -> list[int]:
+    def restart_triggerers(self, count: int = 1, *, path: Path | None = None, **settings: str) -> list[int]:
         """Stop every triggerer, then start ``count`` with the deployment's settings plus
         ``settings`` (``AIRFLOW__TRIGGERER__...``), one after another so each job id maps to its
-        process (``triggerer``, ``triggerer-2``, ...); their job ids in that order."""
+        process (``triggerer``, ``triggerer-2``, ...); their job ids in that order. ``path`` goes
+        first on their ``PYTHONPATH`` (a host that differs from the rest, for this restart only)."""
         for name in [name for name in self.airflow.processes if name.startswith("triggerer")]:
             self.airflow.stop_component(name)
         wait_for("no triggerer alive", lambda: not self.live_triggerers() or None, timeout=60)
         self.airflow.extra_env = {**self.airflow.extra_env, **TRIGGERER_DEFAULTS, **settings}
         jobs: list[int] = []
         for number in range(1, count + 1):
-            self.airflow.start_component("triggerer", name="triggerer" if number == 1 else f"triggerer-{number}")
+            name = "triggerer" if number == 1 else f"triggerer-{number}"
+            self.airflow.component_env = {**self.airflow.component_env, name: _first_on_path(path, self.airflow)}
+            self.airflow.start_component("triggerer", name=name)
             job = wait_for(f"triggerer {number} job", lambda: [j for j in self.live_triggerers() if j not in jobs])[0]
             jobs.append(job)
         return jobs
@@ -153,10 +158,19 @@ class EventDeployment:
             (self.dags / path.name).unlink(missing_ok=True)
 
 
+def _first_on_path(path: Path | None, airflow: LocalAirflow) -> dict[str, str]:
+    """The environment a component needs to find ``path`` first on its ``PYTHONPATH``."""
+    if path is None:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join([str(path), *filter(None, [airflow.env.get("PYTHONPATH")])])}
+
+
 @contextlib.contextmanager
 def event_deployment(
-    postgres: services.Postgres, s3: services.S3Server, kafka: services.Kafka
+    postgres: services.Postgres, s3: services.S3Server, kafka: services.Kafka, *, processor_path: Path | None = None
 ) -> Iterator[EventDeployment]:
+    """A deployment of this shape, started; ``processor_path`` goes first on the DAG processor's
+    ``PYTHONPATH`` only (code shipped to the DAG processor and to no triggerer)."""
     names = Names()
     dsn = new_database(postgres, "airflow_events")
     dags = Path(tempfile.mkdtemp(prefix="adk-event-dags-"))
@@ -180,6 +194,7 @@ def event_deployment(
                 "PYTHONPATH": os.pathsep.join([str(dags), *filter(None, [os.environ.get("PYTHONPATH")])]),
             },
         )
+        airflow.component_env = {"dag-processor": _first_on_path(processor_path, airflow)}
         stack.callback(shutil.rmtree, airflow.home, ignore_errors=True)
         stack.callback(airflow.stop)
         airflow.start()

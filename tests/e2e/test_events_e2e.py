@@ -8,8 +8,9 @@ kit's S3, Postgres and HTTP event triggers, with no sensor task.
   takes the watchers over: nothing is missed, and an event fires twice only if it was stored
   in the moment before the kill, before its watermark could be saved (the documented window).
 
-Runs on the event deployment (tests/e2e/event_deployment.py: a PostgreSQL metadata DB), with a
-short triggerer health threshold so a killed triggerer's watchers are adopted within seconds.
+Runs on the event deployment (tests/e2e/event_deployment.py: a PostgreSQL metadata DB), the
+Kafka tests on the HA deployment of the same shape, with a short triggerer health threshold so a
+killed triggerer's watchers are adopted within seconds.
 """
 
 from __future__ import annotations
@@ -319,12 +320,15 @@ class KafkaWorld:
 
 
 @pytest.fixture(scope="module")
-def kafka_world(event_airflow: EventDeployment) -> Iterator[KafkaWorld]:
+def kafka_world(ha_deployment: EventDeployment) -> Iterator[KafkaWorld]:
+    # On the HA deployment (the same shape), so that its minutes run beside the event
+    # deployment's instead of after them; it comes first there (file order) and leaves one
+    # triggerer as it found it.
     import asyncio
 
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    deployment = event_airflow
+    deployment = ha_deployment
     topic = deployment.names.topic("kafka")
 
     async def create_topic() -> None:

@@ -148,8 +148,8 @@ class HaWorld:
 
 
 @pytest.fixture(scope="module")
-def ha(event_airflow: EventDeployment) -> Iterator[HaWorld]:
-    deployment = event_airflow
+def ha(ha_deployment: EventDeployment) -> Iterator[HaWorld]:
+    deployment = ha_deployment
     names = deployment.names
     table, bucket, batch = names.table("ha"), names.bucket("ha"), names.batch("ha")
     deployment.postgres.psql(f"CREATE TABLE {table} (id serial PRIMARY KEY, dataset text NOT NULL)")

@@ -3,7 +3,7 @@ a deferred task's trigger, and the other adopts it and the task succeeds. Among 
 scheduler started in the triggerer (``start_from_trigger``): the adopter keeps their deadline
 and moment, and no worker ever runs them.
 
-Runs on the event deployment (tests/e2e/event_deployment.py: a PostgreSQL metadata DB). The
+Runs on the HA deployment (tests/e2e/event_deployment.py: a PostgreSQL metadata DB). The
 triggerers are started one after the other so each Airflow job id maps to its process.
 """
 
@@ -33,8 +33,8 @@ T = TypeVar("T")
 
 
 @pytest.fixture
-def ha_airflow(event_airflow: EventDeployment) -> Iterator[tuple[LocalAirflow, str]]:
-    deployment = event_airflow
+def ha_airflow(ha_deployment: EventDeployment) -> Iterator[tuple[LocalAirflow, str]]:
+    deployment = ha_deployment
     # Large enough that a live triggerer starved of CPU is never taken for dead; the killed one's
     # heartbeat is made old at once instead (outdate_heartbeat).
     deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="30")

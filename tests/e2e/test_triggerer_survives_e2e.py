@@ -12,47 +12,34 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from scripts.airflow_local import LocalAirflow
+from tests.e2e.event_deployment import EventDeployment
 
 pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).parent
-DAGS = HERE / "survival_dags"
-HOSTS = HERE / "survival_hosts"
+DAGS = sorted((HERE / "survival_dags").glob("*.py"))
 DAG_ID = "adk_e2e_survival"
-
-
-def _path_with(folder: Path) -> str:
-    return os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
+WATCHER_DAG_ID = "adk_e2e_unbuildable_consumer"
 
 
 @pytest.fixture(scope="module")
-def uneven_airflow() -> Iterator[LocalAirflow]:
-    dags = Path(tempfile.mkdtemp(prefix="adk-survival-dags-"))
-    for dag in DAGS.glob("*.py"):
-        shutil.copy(dag, dags / dag.name)
-    airflow = LocalAirflow(
-        dags_folder=dags,
-        component_env={
-            "triggerer": {"PYTHONPATH": _path_with(HOSTS / "no_s3_extra")},
-            "dag-processor": {"PYTHONPATH": _path_with(HOSTS / "processor_only")},
-        },
-    )
+def uneven_airflow(ha_deployment: EventDeployment) -> Iterator[LocalAirflow]:
+    """The HA deployment with one triggerer on a host of its own: no ``s3`` extra there, and
+    not the wait module the DAG processor has (``ha_deployment`` puts it on that path alone)."""
+    deployment = ha_deployment
+    deployment.restart_triggerers(1, path=HERE / "survival_hosts" / "no_s3_extra")
+    deployment.install(*DAGS)
     try:
-        airflow.start()
-        yield airflow
+        yield deployment.airflow
     finally:
-        airflow.stop()
-        shutil.rmtree(airflow.home, ignore_errors=True)
-        shutil.rmtree(dags, ignore_errors=True)
+        deployment.uninstall(DAGS, [DAG_ID, WATCHER_DAG_ID], ["adk_e2e_unbuildable"])
+        deployment.restart_triggerers(1)  # the host as the other modules expect it
 
 
 def test_the_triggerer_survives_triggers_it_cannot_build_and_finishes_the_others(
@@ -60,7 +47,7 @@ def test_the_triggerer_survives_triggers_it_cannot_build_and_finishes_the_others
 ) -> None:
     airflow = uneven_airflow
     airflow.wait_for_dag(DAG_ID)
-    airflow.wait_for_dag("adk_e2e_unbuildable_consumer")
+    airflow.wait_for_dag(WATCHER_DAG_ID)
     # Well after the worker's deferral is recorded: a trigger that fires while Airflow 3.3.2 is
     # still recording a worker's exit can fail the task (10 s was too close on a busy machine).
     target = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=25)).replace(microsecond=0)
@@ -80,7 +67,7 @@ def test_the_triggerer_survives_triggers_it_cannot_build_and_finishes_the_others
     # The watcher whose wait module the triggerer lacks: built, not running, retried with backoff.
     assert "AlwaysThere" in log and "could not be built in the triggerer" in log, log[-3000:]
     assert "nothing fires until this is fixed" in log
-    runs = airflow.api("GET", "/api/v2/dags/adk_e2e_unbuildable_consumer/dagRuns")["dag_runs"]
+    runs = airflow.api("GET", f"/api/v2/dags/{WATCHER_DAG_ID}/dagRuns")["dag_runs"]
     assert runs == []
     health = airflow.api("GET", "/api/v2/monitor/health")
     assert health["triggerer"]["status"] == "healthy", health

@@ -1,10 +1,15 @@
-"""A wait whose condition a test switches on and off, to test the event base on its own."""
+"""A wait whose condition a test switches on and off, and a list a test appends items to, to test
+the event base on its own."""
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
+from airflow_deferrable_kit._event_streams import Board
 from airflow_deferrable_kit.errors import ConditionFailed, FatalError, TransientError
 from airflow_deferrable_kit.payload import Found
 from airflow_deferrable_kit.triggers.base import PollingTrigger
+from airflow_deferrable_kit.triggers.events import EventTrigger
 
 #: switch name -> "on" | "off" | "failed" | "transient" | "fatal"; checks counted per name.
 SWITCHES: dict[str, str] = {}
@@ -33,3 +38,28 @@ class SwitchTrigger(PollingTrigger):
         if state == "fatal":
             raise FatalError("access denied to the switch", error_type="authorization")
         return None
+
+
+#: source name -> the items there so far (strings); looks counted per source.
+ITEMS: dict[str, list[str]] = {}
+LOOKS: dict[str, int] = {}
+
+
+class NumberedItemsEventTrigger(EventTrigger):
+    """An item watcher of a list a test appends to: each new entry is an item, the watermark is
+    how many were seen."""
+
+    source: str
+    fires_items: ClassVar[bool] = True
+
+    def validate(self) -> None:
+        if not self.source:
+            raise ValueError("source must be a non-empty name")
+
+    async def poll(self, board: Board) -> Any:
+        LOOKS[self.source] = LOOKS.get(self.source, 0) + 1
+        return list(ITEMS.get(self.source, []))
+
+    async def derive(self, data: Any, state: Any) -> tuple[list[dict[str, Any]], Any]:
+        seen = len(data) if state is None and not self.backfill else int(state or 0)
+        return [{"item": item, "event_id": f"{self.source}#{n}"} for n, item in enumerate(data) if n >= seen], len(data)

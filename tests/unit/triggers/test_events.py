@@ -20,9 +20,15 @@ from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import WatcherHarness
 from airflow_deferrable_kit.triggers.base import deadline_after
-from airflow_deferrable_kit.triggers.events import MAX_EVENT_BYTES, ConditionEventTrigger, EventTrigger, item_events
+from airflow_deferrable_kit.triggers.events import (
+    EDGE_LOOK_AHEAD,
+    MAX_EVENT_BYTES,
+    ConditionEventTrigger,
+    EventTrigger,
+    item_events,
+)
 from tests import REPO
-from tests.unit.event_sample import CHECKS, SWITCHES, SwitchTrigger
+from tests.unit.event_sample import CHECKS, ITEMS, LOOKS, SWITCHES, NumberedItemsEventTrigger, SwitchTrigger
 
 # Airflow 3.3's SharedStreamManager and asset state store run these triggers.
 pytestmark = pytest.mark.airflow_3_3
@@ -360,9 +366,10 @@ def test_an_event_of_items_fits_its_limit_as_airflows_json_column_stores_it() ->
     assert all(event["count"] == len(event["items"]) for event in events)
 
 
-async def test_no_look_while_a_batch_is_not_done_with_so_batches_never_pile_up_against_the_ack_timeout() -> None:
+async def test_looks_run_only_a_few_batches_ahead_of_storage_so_batches_never_pile_up_against_the_ack_timeout() -> None:
     # Airflow's ack timeout runs from each batch's broadcast: batches looked at while an earlier
-    # one waits to be stored would queue up with their clocks running. The producer waits.
+    # one waits to be stored queue up with their clocks running. An edge watcher keeps looking
+    # (a look skipped could miss a transition) for EDGE_LOOK_AHEAD batches at most, then waits.
     name = switch("off")
     triggerer = WatcherHarness(auto_store=False)
     async with triggerer:
@@ -371,7 +378,48 @@ async def test_no_look_while_a_batch_is_not_done_with_so_batches_never_pile_up_a
         SWITCHES[name] = "on"
         await watch.wait_for_events(1)
         looks = CHECKS[name]
-        await quiet(20 * FAST)
-        assert CHECKS[name] == looks  # fired, not stored: no further look
+        await quiet(3 * EDGE_LOOK_AHEAD * FAST)
+        ahead = CHECKS[name] - looks
+        assert 1 <= ahead <= EDGE_LOOK_AHEAD, ahead  # fired, not stored: a few looks more, then none
+        await quiet(10 * FAST)
+        assert CHECKS[name] == looks + ahead
         assert triggerer.store_events() == 1
-        await eventually(lambda: CHECKS[name] >= looks + 3)  # stored: looking again
+        await eventually(lambda: CHECKS[name] >= looks + ahead + 3)  # stored: looking again
+
+
+async def test_a_transition_while_an_event_waits_to_be_stored_is_not_missed() -> None:
+    # The triggerer is slow to store the first event (a busy loop, a slow metadata DB); the
+    # condition goes off and on again and off meanwhile. The second ready is an event too.
+    name = switch("off")
+    triggerer = WatcherHarness(auto_store=False)
+    async with triggerer:
+        watch = await triggerer.start(watcher(name, min_event_interval=0))
+        await eventually(lambda: CHECKS.get(name, 0) >= 3)
+        SWITCHES[name] = "on"
+        await watch.wait_for_events(1)
+        for state in ("off", "on", "off"):
+            looks = CHECKS[name]
+            SWITCHES[name] = state
+            await eventually(lambda looks=looks: CHECKS[name] >= looks + 2)  # seen, the first still unstored
+        triggerer.store_events()
+        await watch.wait_for_events(2)
+        await quiet()
+        assert len(watch.events) == 2
+
+
+async def test_an_item_watcher_never_looks_while_a_batch_is_not_done_with() -> None:
+    triggerer = WatcherHarness(auto_store=False)
+    async with triggerer:
+        source = f"items-{uuid.uuid4().hex[:8]}"
+        ITEMS[source] = []
+        watch = await triggerer.start(
+            NumberedItemsEventTrigger(source=source, poll_interval=FAST, min_event_interval=0)
+        )
+        await eventually(lambda: LOOKS.get(source, 0) >= 3)
+        ITEMS[source].append("a")
+        await watch.wait_for_events(1)
+        looks = LOOKS[source]
+        await quiet(20 * FAST)
+        assert LOOKS[source] == looks  # fired, not stored: no further look
+        assert triggerer.store_events() == 1
+        await eventually(lambda: LOOKS[source] >= looks + 3)

@@ -57,6 +57,23 @@ async def runner() -> AsyncIterator[Any]:
     await runner._shared_streams.stop_all()
 
 
+@pytest.fixture
+def reasons(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every reason a trigger gave for not being built, with the watchers' retries made quick."""
+    monkeypatch.setattr(event_triggers, "UNBUILT_RETRY_BASE", 0.01)
+    monkeypatch.setattr(event_triggers, "UNBUILT_RETRY_CAP", 0.05)
+    seen: list[str] = []
+    not_built = PollingTrigger._not_built
+
+    def spy(self: PollingTrigger, exc: Exception, kwargs: dict[str, Any]) -> None:
+        not_built(self, exc, kwargs)
+        assert self._unbuilt is not None
+        seen.append(self._unbuilt.message)
+
+    monkeypatch.setattr(PollingTrigger, "_not_built", spy)
+    return seen
+
+
 async def build(runner: Any, workloads: list[Any]) -> None:
     """What the runner does with new trigger rows; raising here is the runner dying."""
     runner.to_create.extend(workloads)
@@ -132,19 +149,8 @@ async def test_a_triggerer_without_an_extra_ends_those_waits_with_the_pip_comman
 
 @pytest.mark.parametrize("name", WATCHERS)
 async def test_a_watcher_that_cannot_be_built_keeps_trying_and_the_runner_goes_on(
-    runner: Any, name: str, monkeypatch: pytest.MonkeyPatch
+    runner: Any, name: str, reasons: list[str]
 ) -> None:
-    monkeypatch.setattr(event_triggers, "UNBUILT_RETRY_BASE", 0.01)
-    monkeypatch.setattr(event_triggers, "UNBUILT_RETRY_CAP", 0.05)
-    reasons: list[str] = []
-    not_built = PollingTrigger._not_built
-
-    def spy(self: PollingTrigger, exc: Exception, kwargs: dict[str, Any]) -> None:
-        not_built(self, exc, kwargs)
-        assert self._unbuilt is not None
-        reasons.append(self._unbuilt.message)
-
-    monkeypatch.setattr(PollingTrigger, "_not_built", spy)
     bad = {**EVENT_EXAMPLES[name], "backfill": "yes"}
     await build(runner, [healthy_alarm(1), workload(2, CLASSPATHS[name], bad)])
     assert list(runner.failed_triggers) == []
@@ -200,7 +206,7 @@ async def test_a_watcher_whose_wait_module_is_deployed_later_starts_firing(
 
 @pytest.mark.parametrize("module", sorted(EXTRA_MODULES))
 async def test_a_watcher_of_a_wait_whose_extra_is_missing_keeps_trying_with_the_pip_command(
-    runner: Any, module: str, monkeypatch: pytest.MonkeyPatch
+    runner: Any, module: str, reasons: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``wait.as_event_trigger()`` on a triggerer without the wait's extra: the watcher is not
     built either, says so with the pip command, and tries again with backoff (it used to be
@@ -208,17 +214,6 @@ async def test_a_watcher_of_a_wait_whose_extra_is_missing_keeps_trying_with_the_
     [name, *_] = [n for n in WAITS if module in wait_class(n).extra_modules and not n.endswith("EventTrigger")]
     watcher_form = wait_class(name)(**EXAMPLES[name]).as_event_trigger()  # HTTP's has a class of its own
     classpath, kwargs = watcher_form.serialize()
-    monkeypatch.setattr(event_triggers, "UNBUILT_RETRY_BASE", 0.01)
-    monkeypatch.setattr(event_triggers, "UNBUILT_RETRY_CAP", 0.05)
-    reasons: list[str] = []
-    not_built = PollingTrigger._not_built
-
-    def spy(self: PollingTrigger, exc: Exception, kwargs: dict[str, Any]) -> None:
-        not_built(self, exc, kwargs)
-        assert self._unbuilt is not None
-        reasons.append(self._unbuilt.message)
-
-    monkeypatch.setattr(PollingTrigger, "_not_built", spy)
     real = importlib.util.find_spec
     monkeypatch.setattr(extras.importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
     await build(runner, [healthy_alarm(1), workload(2, classpath, kwargs)])
