@@ -4,9 +4,12 @@ Every route needs Airflow's ``TRIGGERS`` view (``requires_access_view``), so a u
 gets Airflow's own 403, and shows only DAGs the auth manager lets the user read. Every route is
 a GET that reads: nothing here can change state. Authentication is Airflow's: a bearer token, or
 the UI's session cookie, which the page in the UI's iframe carries (same origin).
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: FastAPI reads each route's parameters from its
+annotations, and the ``Annotated`` dependencies below are local to :func:`create_app` (Airflow's
+security module is imported only when the app is built), which a string annotation could not
+resolve: FastAPI would take them for query parameters.
+"""
 
 import datetime as dt
 import math

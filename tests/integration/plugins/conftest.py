@@ -109,7 +109,14 @@ class Deployment:
         triggerer_id: int | None = None,
         deferred_ago: float = 60.0,
     ) -> Any:
-        """Run ``task.execute()`` until it defers and store the deferral; returns the trigger."""
+        """Run ``task.execute()`` until it defers and store the deferral as if it had happened
+        ``deferred_ago`` seconds ago; returns the trigger.
+
+        Every moment of the deferral moves back together: the trigger's creation, Airflow's
+        trigger timeout and the kit's own absolute ``deadline`` in the kwargs (set from the
+        clock when ``execute()`` ran), so the two budgets keep the order they have in a real
+        deployment (the kit's deadline first, Airflow's backstop after it).
+        """
         from airflow.sdk.exceptions import TaskDeferred
 
         try:
@@ -123,6 +130,9 @@ class Deployment:
         now = dt.datetime.now(UTC)
         created = now - dt.timedelta(seconds=deferred_ago)
         classpath, kwargs = deferred.trigger.serialize()
+        if isinstance(kwargs.get("deadline"), str):
+            deadline = dt.datetime.fromisoformat(kwargs["deadline"]) - dt.timedelta(seconds=deferred_ago)
+            kwargs = {**kwargs, "deadline": deadline.isoformat()}
         trigger_id = self.trigger(classpath, kwargs, triggerer_id=triggerer_id, created=created)
         timeout = deferred.timeout
         if isinstance(timeout, (int, float)):

@@ -29,6 +29,7 @@ def _waits(deployment: Deployment, host: int | None = None) -> None:
             task_id="wait_orders",
             bucket_key="s3://dropbox/orders/2025-06-15/*.csv",
             wildcard_match=True,
+            deferrable=True,
             check_before_defer=False,
             timeout=3600,
         )
@@ -37,10 +38,11 @@ def _waits(deployment: Deployment, host: int | None = None) -> None:
             http_conn_id="batch_api",
             endpoint="v1/batches/7/status?api_key=hunter2&part=1",
             success=[{"path": "state", "equals": "ready"}],
+            deferrable=True,
             check_before_defer=False,
         )
     with DAG("hidden_finance", schedule=None):
-        moment = DateTimeSensor(task_id="month_end", target_time=LATER)
+        moment = DateTimeSensor(task_id="month_end", target_time=LATER, deferrable=True)
         official = DateTimeSensorAsync(task_id="official_moment", target_time=LATER)
     deployment.defer(s3, triggerer_id=host, deferred_ago=600)
     deployment.defer(http, triggerer_id=host, deferred_ago=30)
