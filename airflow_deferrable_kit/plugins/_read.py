@@ -5,7 +5,7 @@ and 3.3 (the asset state store, 3.3 only, is read when its table exists), never 
 DAGs a user may read are decided by the caller (the auth manager); every query here takes them
 as ``dag_ids`` and returns nothing of any other DAG.
 
-The deferred list is built for size: filters, sorting and paging happen in SQL, and only the
+The deferred list is built for many rows: filters, sorting and paging happen in SQL, and only the
 rows of the page shown have their trigger kwargs decoded (:mod:`._describe`), so 10,000
 deferred tasks cost one indexed count, two small group-bys and one page of rows.
 """
