@@ -268,7 +268,13 @@ def _warn(triggerers: list[Triggerer], threshold: float) -> None:
 def triggerers(
     connection: sa.Connection, now: dt.datetime, *, capacity: int, threshold: float
 ) -> tuple[list[Triggerer], int]:
-    """Running triggerer jobs and any job still holding triggers; and how many triggers no one holds."""
+    """Live triggerer jobs and any job still holding triggers; and how many triggers no one holds.
+
+    Live is Airflow's own test (``Job.is_alive``): ``running`` with a heartbeat within
+    ``threshold`` seconds. A killed triggerer's job stays ``running`` in the table for ever, so
+    without the heartbeat every triggerer that ever died would be listed; one that died holding
+    triggers is still listed, with its warning, until another triggerer adopts them.
+    """
     held: dict[int | None, int] = {
         triggerer_id: count
         for triggerer_id, count in connection.execute(
@@ -287,7 +293,10 @@ def triggerers(
         sa.select(JOB.c.id, JOB.c.hostname, JOB.c.state, JOB.c.latest_heartbeat)
         .where(
             JOB.c.job_type == TRIGGERER_JOB,
-            sa.or_(JOB.c.state == "running", JOB.c.id.in_(holding) if holding else sa.false()),
+            sa.or_(
+                sa.and_(JOB.c.state == "running", JOB.c.latest_heartbeat > now - dt.timedelta(seconds=threshold)),
+                JOB.c.id.in_(holding) if holding else sa.false(),
+            ),
         )
         .order_by(JOB.c.hostname, JOB.c.id)
     ).all()

@@ -162,6 +162,8 @@ def test_triggerers_with_heartbeat_load_and_warnings(deployment: Deployment) -> 
     busy = deployment.triggerer("triggerer-busy", heartbeat_age=2)
     deployment.triggerer("triggerer-idle", heartbeat_age=3)
     dead = deployment.triggerer("triggerer-dead", heartbeat_age=900, state="running")
+    # Killed long ago, its triggers adopted: its job row still says running, and holds nothing.
+    deployment.triggerer("triggerer-gone", heartbeat_age=86_400, state="running")
     now = dt.datetime.now(UTC)
     for _ in range(60):
         deployment.trigger("some.provider.Trigger", {}, triggerer_id=busy, created=now)
@@ -171,7 +173,7 @@ def test_triggerers_with_heartbeat_load_and_warnings(deployment: Deployment) -> 
     html = deployment.client("admin", role="admin").get(PAGE).text
 
     rows = {re.search(r"<td>([\w.-]+)", row).group(1): row for row in _rows(html, "triggerers")}  # type: ignore[union-attr]
-    assert set(rows) == {"triggerer-busy", "triggerer-idle", "triggerer-dead"}
+    assert set(rows) == {"triggerer-busy", "triggerer-idle", "triggerer-dead"}  # not triggerer-gone
     assert "60 / 1000" in rows["triggerer-busy"] and "far more than its peers" in rows["triggerer-busy"]
     assert "1 / 1000" in rows["triggerer-dead"] and "last heartbeat 900 s ago" in rows["triggerer-dead"]
     assert "<td>ok</td>" in rows["triggerer-idle"]
