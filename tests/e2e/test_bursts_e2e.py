@@ -301,7 +301,7 @@ def bursts(event_airflow: EventDeployment) -> Iterator[Bursts]:
     )  # fmt: skip
     # A triggerer stopped by the test ends its job at once; the threshold only keeps a busy
     # machine's late heartbeat from handing watchers over in the middle of a burst.
-    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="30")
+    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="120")
     files = sorted(DAGS.glob("*.py"))  # the DAGs and the user's own wait module they import
     deployment.install(*files)
     try:

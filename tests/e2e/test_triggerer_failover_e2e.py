@@ -37,7 +37,7 @@ def ha_airflow(ha_deployment: EventDeployment) -> Iterator[tuple[LocalAirflow, s
     deployment = ha_deployment
     # Large enough that a live triggerer starved of CPU is never taken for dead; the killed one's
     # heartbeat is made old at once instead (outdate_heartbeat).
-    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="30")
+    deployment.restart_triggerers(1, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="120")
     deployment.install(DAG, START_DAG)
     try:
         yield deployment.airflow, deployment.dsn
