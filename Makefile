@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 LOCK   := requirements/dev.txt
 UV_VERSION := 0.13.9
 
-.PHONY: venv lock system-deps lint test test-release test-unit test-integration test-e2e release-checks \
+.PHONY: venv lock system-deps e2e-deps lint test test-release test-unit test-integration test-e2e release-checks \
 	test-fast test-floor test-beside-official test-newest demo clean
 
 $(BIN)/uv:
@@ -28,6 +28,9 @@ lock: $(BIN)/uv
 # PostgreSQL server binaries for the throw-away test cluster (Debian/Ubuntu, as root).
 system-deps:
 	bash scripts/install-system-deps.sh
+# ... and Chromium, which the e2e tier's browser test drives.
+e2e-deps:
+	bash scripts/install-system-deps.sh chromium
 
 lint: venv
 	$(BIN)/ruff check .
@@ -36,7 +39,7 @@ lint: venv
 
 # Lint and the release checks, then the tiers in order, stopping at the first that fails:
 # unit (nothing running) -> integration (real services) -> e2e (a real Airflow).
-test: system-deps lint release-checks
+test: e2e-deps lint release-checks
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-integration
 	$(MAKE) --no-print-directory test-e2e
@@ -47,7 +50,7 @@ test-unit: venv
 	bash scripts/test-tier.sh unit
 test-integration: venv system-deps
 	bash scripts/test-tier.sh integration
-test-e2e: venv system-deps
+test-e2e: venv e2e-deps
 	bash scripts/test-tier.sh e2e
 
 # The release tier (layout, packaging, docs, compose) beside the floor and beside-official checks

@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from airflow_deferrable_kit.audit import run_audit  # noqa: E402
+from airflow_deferrable_kit.plugins._paths import URL_ROUTE  # noqa: E402
 from scripts import services  # noqa: E402
 from scripts.airflow_local import PASSWORDS_FILE, LocalAirflow, WatchedRun, local_airflow  # noqa: E402
 
@@ -372,6 +373,11 @@ def print_table(rows: list[dict[str, Any]], start: float, out: Callable[[str], N
         out(textwrap.fill(text, 100, initial_indent=f"  {row['task_id']}: ", subsequent_indent="    "))
 
 
+def waits_page_url(airflow: LocalAirflow) -> str:
+    """The kit's Waits page in Airflow's UI (the plugin's nav entry, docs/waits-page.md)."""
+    return f"{airflow.base_url}/plugin/{URL_ROUTE}"
+
+
 def kept_message(airflow: LocalAirflow) -> str:
     """What ``--keep`` leaves running, how to log in, audit it and stop it."""
     user, password = airflow.login()
@@ -383,6 +389,7 @@ def kept_message(airflow: LocalAirflow) -> str:
             "",
             f"Airflow keeps running at {airflow.base_url} - log in as {user!r}, password {password!r}",
             f"(the password is in {airflow.home / PASSWORDS_FILE}).",
+            f"The Waits page (what is deferred, the triggerers, what waiting cost): {waits_page_url(airflow)}",
             f"Audit it: {shlex.join(audit)}",
             f"Stop it: press Ctrl-C here (or run: kill {os.getpid()}); that stops everything the demo",
             f"started and deletes its files, {airflow.home} included.",

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Make sure PostgreSQL server binaries (initdb, pg_ctl) exist for the throw-away test cluster.
-# Installs Debian's postgresql package when they are missing and we may use apt; otherwise
-# says exactly what is missing and fails.
+# Make sure the system programs the tests run exist, installing Debian's packages when they are
+# missing and we may use apt; otherwise say exactly what is missing and fail.
+#
+#   scripts/install-system-deps.sh            # PostgreSQL server binaries (initdb, pg_ctl) for the
+#                                             # throw-away test cluster
+#   scripts/install-system-deps.sh chromium   # and Chromium, for the e2e tier's browser test of the
+#                                             # Waits page (Playwright never downloads a browser here)
 set -euo pipefail
 
 have_server_binaries() {
@@ -13,15 +17,40 @@ have_server_binaries() {
   compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
 }
 
-if have_server_binaries; then
+# The path tests/e2e/test_waits_page_e2e.py launches.
+have_chromium() {
+  [ -x /usr/bin/chromium ]
+}
+
+want_chromium=false
+for wanted in "$@"; do
+  case "$wanted" in
+    chromium) want_chromium=true ;;
+    *) echo "unknown system dependency '$wanted': expected chromium" >&2; exit 2 ;;
+  esac
+done
+
+all_present() {
+  have_server_binaries && { [ "$want_chromium" = false ] || have_chromium; }
+}
+
+if all_present; then
   exit 0
 fi
+missing=()
+have_server_binaries || missing+=(postgresql)
+[ "$want_chromium" = false ] || have_chromium || missing+=(chromium)
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-  echo "PostgreSQL server binaries not found: installing Debian's postgresql package" >&2
+  echo "Not found: installing Debian's ${missing[*]}" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
-  have_server_binaries && exit 0
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  all_present && exit 0
 fi
-echo "ERROR: PostgreSQL server binaries (initdb, pg_ctl) are missing." >&2
-echo "Install them (Debian/Ubuntu: sudo apt-get install postgresql) or run the services with docker-compose." >&2
+if ! have_server_binaries; then
+  echo "ERROR: PostgreSQL server binaries (initdb, pg_ctl) are missing." >&2
+  echo "Install them (Debian/Ubuntu: sudo apt-get install postgresql) or run the services with docker-compose." >&2
+fi
+if [ "$want_chromium" = true ] && ! have_chromium; then
+  echo "ERROR: /usr/bin/chromium is missing (Debian/Ubuntu: sudo apt-get install chromium)." >&2
+fi
 exit 1

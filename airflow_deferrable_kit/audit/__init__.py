@@ -37,7 +37,7 @@ from airflow_deferrable_kit.audit._advice import (
     kit_equivalent,
 )
 from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
-from airflow_deferrable_kit.audit._html import render_html
+from airflow_deferrable_kit.audit._html import STYLE, figures_html, render_html
 from airflow_deferrable_kit.audit._measure import (
     CLOCK_SKEW_ALLOWANCE,
     WORKER_START,
@@ -45,6 +45,7 @@ from airflow_deferrable_kit.audit._measure import (
     Event,
     Try,
     Usage,
+    first_look,
     is_sensor,
     measure,
     worker_intervals,
@@ -59,6 +60,7 @@ from airflow_deferrable_kit.audit._metadata import (
     TIH,
     UTC,
     DagShape,
+    UtcDateTime,
     all_dag_ids,
     check_schema,
     dag_shape,
@@ -143,17 +145,29 @@ def run_audit(
         dags = list(dag_ids) if dag_ids else all_dag_ids(connection)
         for done, dag_id in enumerate(dags):
             sensors: dict[int, Row] = {}  # the DAG's sensor rows, to mark from its shape
+            measured: list[tuple[Try, Usage]] = []
+            deferring: set[tuple[str, str]] = set()  # (task, operator) with a try that deferred
             for attempt, events in dag_tries(connection, dag_id, since, until, run_ids):
                 tries += 1
                 if progress is not None and tries % progress_every == 0:
                     progress(Progress(done, len(dags), tries))
                 usage = measure(attempt, events)
                 if usage is not None:
-                    row = account(tasks, attempt, usage, check_seconds)
-                    if row.sensor:
-                        sensors[id(row)] = row
+                    measured.append((attempt, usage))
+                    if usage.mode == "deferred":
+                        deferring.add((attempt.task_id, attempt.operator_name))
+            shape = dag_shape(connection, dag_id) if any(a.sensor for a, _ in measured) else None
+            shape_read = shape is not None
+            for attempt, usage in measured:
+                if (attempt.task_id, attempt.operator_name) in deferring:
+                    usage = first_look(usage)  # the task defers: a try that did not ended at its first look
+                module = shape.modules.get(attempt.task_id) if shape is not None else None
+                row = account(tasks, attempt, usage, check_seconds, module=module)
+                if row.sensor:
+                    sensors[id(row)] = row
             if sensors:
-                shape = dag_shape(connection, dag_id)
+                if not shape_read:
+                    shape = dag_shape(connection, dag_id)
                 for row in sensors.values():
                     row.starts_dag = None if shape is None else shape.starts_with(row.key["task_id"])
             if progress is not None:
@@ -176,6 +190,7 @@ __all__ = [
     "SQL_ALCHEMY_CONN_ENV",
     "STARTS_DAG_CONDITION",
     "START_CONDITION",
+    "STYLE",
     "TI",
     "TIH",
     "UTC",
@@ -195,10 +210,13 @@ __all__ = [
     "Totals",
     "Try",
     "Usage",
+    "UtcDateTime",
     "check_schema",
     "dag_shape",
     "duration",
     "events_query",
+    "figures_html",
+    "first_look",
     "is_sensor",
     "kit_equivalent",
     "listener_evidence",

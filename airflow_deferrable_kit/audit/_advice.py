@@ -26,6 +26,7 @@ recommendation per sensor with its saving. The changes, the one that saves the m
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +34,12 @@ from typing import Any
 
 from airflow_deferrable_kit.audit._measure import Usage
 
-MODES = ("poke", "reschedule", "deferred", "worker")
+#: How a try used its worker. ``first_look`` is a try of a deferrable sensor (another try of the
+#: task deferred) that held a worker once and ended there: the look it takes before deferring
+#: found its condition, so no mode but an event trigger would have held less.
+MODES = ("poke", "reschedule", "deferred", "first_look", "worker")
+#: The module prefix of this kit's sensors, as a serialized DAG records it (``_task_module``).
+KIT_MODULE = "airflow_deferrable_kit."
 
 
 # --------------------------------------------------------------------- kit equivalents
@@ -53,6 +59,8 @@ class Equivalent:
     #: Whether it can start in the triggerer (``start_from_trigger``); an operator whose first
     #: step is a request it must send once, on a worker, cannot.
     starts_in_triggerer: bool = True
+    #: The task is already this kit's sensor: the advice is a flag, not a migration.
+    own: bool = False
 
     @property
     def name(self) -> str:
@@ -70,6 +78,7 @@ _TIME = Equivalent(_KIT + "temporal.TimeSensor")
 _TIMEDELTA = Equivalent(_KIT + "temporal.TimeDeltaSensor")
 _WAIT = Equivalent(_KIT + "temporal.WaitSensor")
 _S3 = Equivalent(_KIT + "s3.S3KeySensor", event_trigger=_EVENTS + "s3_events.S3KeyEventTrigger")
+_S3_UNCHANGED = Equivalent(_KIT + "s3.S3KeysUnchangedSensor")
 _HTTP = Equivalent(
     _KIT + "http.HttpBatchReadySensor",
     "a response_check keeps deferring (judged in the worker on resume)",
@@ -95,9 +104,10 @@ _KAFKA = Equivalent(
 )
 
 #: Operator class names (``task_instance.operator``) with an equivalent in this kit. The
-#: metadata DB records class names, not modules: the official sensor and ours of the same name
-#: look alike, and the advice (``deferrable=True``) is the same for both. Each official time
-#: sensor has its namesake here (``sensors/temporal.py``), which works its moment out the same way.
+#: ``task_instance`` table records class names only; the serialized DAG records each task's
+#: module, which tells this kit's sensor from the official one of the same name
+#: (:func:`is_kit_module`). Each official time sensor has its namesake here
+#: (``sensors/temporal.py``), which works its moment out the same way.
 EQUIVALENTS: dict[str, Equivalent] = {
     "DateTimeSensor": _DATETIME,
     "DateTimeSensorAsync": _DATETIME,
@@ -108,6 +118,7 @@ EQUIVALENTS: dict[str, Equivalent] = {
     "WaitSensor": _WAIT,
     "S3KeySensor": _S3,
     "S3KeySensorAsync": _S3,
+    "S3KeysUnchangedSensor": _S3_UNCHANGED,
     "HttpSensor": _HTTP,
     "HttpSensorAsync": _HTTP,
     "HttpBatchReadySensor": _HTTP,
@@ -121,8 +132,33 @@ EQUIVALENTS: dict[str, Equivalent] = {
 _SQL_SENSOR = re.compile(r"(sql|postgres)\w*sensor(async)?$", re.IGNORECASE)
 
 
-def kit_equivalent(*names: str | None) -> Equivalent | None:
-    """The kit sensor for an operator class name (or custom operator name), if there is one."""
+def is_kit_module(module: str | None) -> bool:
+    """Whether a task's module (``_task_module`` of its serialized DAG) is this kit's."""
+    return bool(module) and str(module).startswith(KIT_MODULE)
+
+
+def origin(module: str | None) -> str:
+    """Who ships a module, as a label says it: ``kit``, an official provider's name, or the package."""
+    if not module:
+        return ""
+    if is_kit_module(module):
+        return "kit"
+    parts = module.split(".")
+    if parts[:2] == ["airflow", "providers"] and len(parts) > 2:
+        return parts[2]
+    return parts[0]
+
+
+def kit_equivalent(*names: str | None, module: str | None = None) -> Equivalent | None:
+    """The kit sensor for an operator class name (or custom operator name), if there is one.
+
+    For one of this kit's own sensors (``module``) that is the sensor itself.
+    """
+    if is_kit_module(module):
+        own = next((n for n in names if n), None) or ""
+        same = EQUIVALENTS.get(own)  # its notes and event trigger, under its own path
+        sensor = f"{module}.{own}"
+        return dataclasses.replace(same, sensor=sensor, own=True) if same else Equivalent(sensor, own=True)
     for name in names:
         if not name:
             continue
@@ -137,6 +173,11 @@ def migration_advice(equivalent: Equivalent | None) -> str:
     """What a sensor that waits on a worker should become."""
     if equivalent is None:
         return "no kit equivalent: write one on PollingTrigger (docs/writing-your-own-wait.md)"
+    if equivalent.own:
+        return (
+            f"deferrable=True, if not set (it is this kit's {equivalent.name}, which looks once on the worker before "
+            "deferring: a wait already over when it starts ends there, like a poke)"
+        )
     advice = f"{equivalent.sensor}(deferrable=True)"
     return f"{advice}; {equivalent.note}" if equivalent.note else advice
 
@@ -174,10 +215,8 @@ def end_from_trigger_advice(equivalent: Equivalent | None, listeners: Listeners)
         advice = f"end_from_trigger=True ({equivalent.name} of this kit resumes only to return its payload"
         advice += f"; {equivalent.end_note})" if equivalent.end_note else ")"
     if listeners.registered is None:
-        advice += (
-            f", if no listener plugin is registered ({LISTENER_PLUGINS}): Airflow refuses end_from_trigger "
-            "with listeners, and the kit's sensors then resume on a worker anyway"
-        )
+        # Why is said once, under the advice (Report.listeners_note), not in every row.
+        advice += ", if no listener plugin is registered"
     return advice
 
 
@@ -199,6 +238,8 @@ class Savings:
         """Count one sensor try (see the module docstring for what each change keeps)."""
         allowance = min(usage.shortest, check_seconds)
         self.watching += usage.worker
+        if usage.mode == "first_look":  # one look, in any mode: only a watcher holds less
+            return
         if usage.mode in ("poke", "reschedule"):
             self.deferring += max(0.0, usage.worker - 2 * allowance)
         elif usage.mode == "deferred":

@@ -20,11 +20,13 @@ BAR_HEIGHT = 22
 ROW_HEIGHT = 34
 VALUE_WIDTH = 150
 
-_STYLE = """
+STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #1d2330; margin: 2rem auto; max-width: 980px; padding: 0 1rem; }
 h1 { font-size: 1.5rem; margin-bottom: .2rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
 .meta { color: #5a6275; margin-top: 0; }
-table { border-collapse: collapse; width: 100%; } th, td { padding: .3rem .5rem; border-bottom: 1px solid #e3e6ec; }
+table { border-collapse: collapse; width: 100%; table-layout: fixed; }
+th, td { padding: .3rem .5rem; border-bottom: 1px solid #e3e6ec; overflow-wrap: anywhere; vertical-align: top; }
+svg { max-width: 100%; height: auto; }
 th { text-align: left; background: #f4f6f9; } td.num, th.num { text-align: right; white-space: nowrap; }
 .held { fill: #2f6fdf; } .poke { fill: #f1c9b8; } .label { font-size: 13px; fill: #1d2330; }
 .value { font-size: 12px; fill: #5a6275; }
@@ -79,7 +81,12 @@ def chart(held: list[Held]) -> str:
     return "".join(parts) + legend
 
 
-def _table(header: list[str], rows: list[list[str]], numeric: set[int]) -> str:
+#: Column widths (percent) of the wide tables: the advice gets the room, every cell wraps.
+ADVICE_WIDTHS = (12, 12, 12, 8, 10, 7, 39)
+CANDIDATE_WIDTHS = (4, 13, 13, 13, 9, 10, 38)
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: set[int], widths: tuple[int, ...] = ()) -> str:
     def cells(tag: str, values: list[str], *, total: bool = False) -> str:
         out = "".join(
             f'<{tag} class="num">{value}</{tag}>' if i in numeric else f"<{tag}>{value}</{tag}>"
@@ -88,11 +95,17 @@ def _table(header: list[str], rows: list[list[str]], numeric: set[int]) -> str:
         return f'<tr class="total">{out}</tr>' if total else f"<tr>{out}</tr>"
 
     body = "".join(cells("td", row) for row in rows)
-    return f"<table><thead>{cells('th', header)}</thead><tbody>{body}</tbody></table>"
+    columns = "".join(f'<col style="width:{width}%">' for width in widths)
+    colgroup = f"<colgroup>{columns}</colgroup>" if widths else ""
+    return f"<table>{colgroup}<thead>{cells('th', header)}</thead><tbody>{body}</tbody></table>"
 
 
-def render_html(report: Report, top: int = 10) -> str:
-    """The whole page; ``top`` bounds the advice and candidate lists as in the table output."""
+def figures_html(report: Report, top: int = 10) -> str:
+    """The audit's figures as HTML sections: totals, per DAG, the chart, the saving, the advice.
+
+    One rendering for every place that shows them: the audit's own page (:func:`render_html`)
+    and the Waits page's cost section, which embeds it with :data:`STYLE`.
+    """
     t = report.totals
     totals = _table(
         ["runs", "wall", "worker-held", "idle-held", "cost", "idle cost"],
@@ -125,7 +138,7 @@ def render_html(report: Report, top: int = 10) -> str:
         for a in shown
     ]
     advice = (
-        _table(["DAG", "task", "operator", "modes", "change", "saves", "advice"], advice_rows, {5})
+        _table(["DAG", "task", "operator", "modes", "change", "saves", "advice"], advice_rows, {5}, ADVICE_WIDTHS)
         if advice_rows
         else '<p class="note">No sensor has worker time left to save.</p>'
     )
@@ -143,13 +156,14 @@ def render_html(report: Report, top: int = 10) -> str:
     ]
     migrating = (
         "<h2>Sensors worth migrating</h2>"
-        + _table(["#", "DAG", "task", "operator", "idle-held", "deferrable=True saves", "use"], candidates, {0, 4, 5})
+        + _table(
+            ["#", "DAG", "task", "operator", "idle-held", "deferrable=True saves", "use"],
+            candidates,
+            {0, 4, 5},
+            CANDIDATE_WIDTHS,
+        )
         if candidates
         else ""
-    )
-    window = (
-        f"{report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC (last {report.days:g} days); "
-        f"price {report.price:g} per slot-hour; one check allowance {report.check_seconds:g} s"
     )
     estimated = (
         f'<p class="note">{t.estimated} of {t.runs} runs had no state-change rows in the log table (pruned?); '
@@ -158,15 +172,50 @@ def render_html(report: Report, top: int = 10) -> str:
         else ""
     )
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>Sensor audit: {_e(worker_hours(report.held_total.held))} worker-hours held</title>"
-        f"<style>{_STYLE}</style></head><body>"
-        "<h1>Worker slots held by sensors</h1>"
-        f'<p class="meta">Airflow metadata DB: {_e(report.database)}<br>{_e(window)}</p>'
         f"<h2>Totals</h2>{totals}{total_sentence}"
+        f"{by_dag(report)}"
         f"<h2>Worker time by sensor and mode</h2>{chart(report.held)}<ul>{saving}</ul>"
         f'<h2>What to change</h2>{advice}<p class="note">{_e(report.listeners_note())}</p>'
         + (f'<p class="note">{_e(report.start_note())}</p>' if report.start_note() else "")
-        + f"{migrating}{estimated}</body></html>\n"
+        + f"{migrating}{estimated}"
+    )
+
+
+def by_dag(report: Report) -> str:
+    """Per DAG, the worker time its tries held against the time they waited (their wall time)."""
+    if "dag_id" not in GROUP_KEYS[report.group_by]:
+        return ""
+    dags: dict[str, list[float]] = {}
+    for row in report.rows:
+        if row.sensor:
+            sums = dags.setdefault(row.key["dag_id"], [0, 0.0, 0.0])
+            sums[0] += row.totals.runs
+            sums[1] += row.totals.worker
+            sums[2] += row.totals.wall
+    if not dags:
+        return ""
+    ordered = sorted(dags.items(), key=lambda item: (-item[1][1], item[0]))
+    rows = [
+        [_e(dag_id), _e(int(runs)), _e(duration(worker)), _e(duration(wall)), _e(money(worker / 3600 * report.price))]
+        for dag_id, (runs, worker, wall) in ordered
+    ]
+    return "<h2>Sensors per DAG</h2>" + _table(
+        ["DAG", "sensor runs", "worker-held", "waited", "cost"], rows, {1, 2, 3, 4}
+    )
+
+
+def render_html(report: Report, top: int = 10) -> str:
+    """The whole page; ``top`` bounds the advice and candidate lists as in the table output."""
+    window = (
+        f"{report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC (last {report.days:g} days); "
+        f"price {report.price:g} per slot-hour; one check allowance {report.check_seconds:g} s"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>Sensor audit: {_e(worker_hours(report.held_total.held))} worker-hours held</title>"
+        f"<style>{STYLE}</style></head><body>"
+        "<h1>Worker slots held by sensors</h1>"
+        f'<p class="meta">Airflow metadata DB: {_e(report.database)}<br>{_e(window)}</p>'
+        f"{figures_html(report, top)}</body></html>\n"
     )

@@ -109,7 +109,7 @@ class Usage:
         One check is the try's shortest worker interval, at most ``check_seconds`` (a poke-mode
         sensor has a single interval spanning the whole wait). Non-sensors are working: 0.
         """
-        if not sensor:
+        if not sensor or self.mode == "first_look":  # the one look took all of it
             return 0.0
         return max(0.0, self.worker - min(self.shortest, check_seconds))
 
@@ -212,6 +212,19 @@ def measure(attempt: Try, events: Sequence[Event]) -> Usage | None:
         span = _seconds(attempt.start, attempt.end)
         return Usage("deferred", span, 0.0, 0, 0.0) if span > 0 else None
     return _estimate(attempt)
+
+
+def first_look(usage: Usage) -> Usage:
+    """``usage`` as a first look if it held one worker run and ended there; else unchanged.
+
+    For a try of a task whose other tries deferred: the sensor is deferrable, and a deferrable
+    sensor looks once on the worker before deferring (this kit's ``check_before_defer``, the
+    official sensors' first ``poke``), so a condition already true ends the try there. Without
+    such evidence the metadata DB cannot tell that from poke mode (see ``docs/audit.md``).
+    """
+    if usage.mode == "poke" and usage.segments == 1 and not usage.estimated:
+        return Usage("first_look", usage.wall, usage.worker, 1, usage.shortest)
+    return usage
 
 
 def _estimate(attempt: Try) -> Usage | None:

@@ -14,8 +14,8 @@ import json
 import os
 import sqlite3
 import zlib
-from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,9 @@ class _UtcDateTime(TypeDecorator[dt.datetime]):
             value = dt.datetime.fromisoformat(value)
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
+
+#: The same type under a public name, for the other readers of the metadata DB (the Waits page).
+UtcDateTime = _UtcDateTime
 
 _md = sa.MetaData()
 
@@ -361,6 +364,9 @@ class DagShape:
     roots: frozenset[str]
     tasks: int
     mapped: frozenset[str] = frozenset()
+    #: task id -> the module of its operator class (``_task_module``), which tells this kit's
+    #: sensors from the official ones of the same class name.
+    modules: Mapping[str, str] = field(default_factory=dict)
 
     def starts_with(self, task_id: str) -> bool:
         """``task_id`` is the DAG's only first task and work follows it: the DAG only waits on it to start.
@@ -378,9 +384,10 @@ def shape_from_serialized(data: Any) -> DagShape | None:
         ids = {str(task["task_id"]) for task in tasks}
         downstream = {str(child) for task in tasks for child in task.get("downstream_task_ids") or ()}
         mapped = {str(task["task_id"]) for task in tasks if task.get("_is_mapped") or task.get("_needs_expansion")}
+        modules = {str(task["task_id"]): str(task["_task_module"]) for task in tasks if task.get("_task_module")}
     except (KeyError, TypeError, AttributeError):
         return None
-    return DagShape(frozenset(ids - downstream), len(ids), frozenset(mapped)) if ids else None
+    return DagShape(frozenset(ids - downstream), len(ids), frozenset(mapped), modules) if ids else None
 
 
 def dag_shape(connection: sa.Connection, dag_id: str) -> DagShape | None:

@@ -28,6 +28,7 @@ from airflow_deferrable_kit.audit._advice import (
     Savings,
     kit_equivalent,
     migration_advice,
+    origin,
     recommend,
 )
 from airflow_deferrable_kit.audit._measure import Try, Usage
@@ -105,12 +106,21 @@ class Row:
     #: Whether the task is the first of a DAG that only waits on it to start work (``None``:
     #: the DAG's shape could not be read).
     starts_dag: bool | None = None
+    #: The module of the task's operator class, from its serialized DAG (``None`` if unread).
+    module: str | None = None
 
     @property
     def equivalent(self) -> Equivalent | None:
         if "operator" not in self.key:
             return None
-        return kit_equivalent(*sorted(self.operator_classes), self.key["operator"])
+        return kit_equivalent(*sorted(self.operator_classes), self.key["operator"], module=self.module)
+
+    @property
+    def label(self) -> str:
+        """The operator as the chart names it: with who ships it where the module is known, so
+        this kit's ``S3KeySensor`` and amazon's are two rows, not one."""
+        who = origin(self.module)
+        return f"{self.key['operator']} ({who})" if who else self.key["operator"]
 
     @property
     def still_held_while_waiting(self) -> bool:
@@ -192,7 +202,7 @@ def held_by_sensor(rows: list[Row]) -> list[Held]:
     sums: dict[tuple[str, str], Totals] = {}
     for row in rows:
         for mode, totals in row.by_mode.items():
-            sums.setdefault((row.key["operator"], mode), Totals()).merge(totals)
+            sums.setdefault((row.label, mode), Totals()).merge(totals)
     held = [Held(operator, mode, t.runs, t.wall, t.worker) for (operator, mode), t in sums.items()]
     return sorted(held, key=lambda h: (-h.held, -h.poke_would_hold, h.operator, MODES.index(h.mode)))
 
@@ -474,8 +484,8 @@ def _grid(header: list[str], lines: list[list[str]], *, numeric: Container[int])
 Tasks = dict[tuple[str, str, str], Row]
 
 
-def account(tasks: Tasks, attempt: Try, usage: Usage, check_seconds: float) -> Row:
-    """Add one measured try to its task's row, and return the row."""
+def account(tasks: Tasks, attempt: Try, usage: Usage, check_seconds: float, *, module: str | None = None) -> Row:
+    """Add one measured try to its task's row, and return the row (``module``: its operator's)."""
     sensor = attempt.sensor or usage.mode == "reschedule"
     key = (attempt.dag_id, attempt.task_id, attempt.operator_name)
     row = tasks.get(key)
@@ -488,6 +498,7 @@ def account(tasks: Tasks, attempt: Try, usage: Usage, check_seconds: float) -> R
         row.by_mode.setdefault(usage.mode, Totals()).add(usage, idle)
     row.modes[usage.mode] = row.modes.get(usage.mode, 0) + 1
     row.sensor = row.sensor or sensor
+    row.module = module or row.module
     if attempt.operator:
         row.operator_classes.add(attempt.operator)
     return row

@@ -250,6 +250,7 @@ def test_keep_prints_the_url_the_login_and_how_to_stop_and_then_waits(tmp_path: 
     assert kept_login(text) == (airflow.base_url, "admin", "s3cret-Demo")
     assert f"kill {os.getpid()}" in text and "Ctrl-C" in text
     assert f"audit --sql-alchemy-conn {airflow.metadata_url} --dag-id {DAG_ID}" in text
+    assert f"what waiting cost): {airflow.base_url}/plugin/waits" in text
     assert waits == [True]
     assert kept_message(airflow) in text
     assert parse_args(["--keep"]).keep is True

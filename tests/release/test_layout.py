@@ -50,6 +50,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sensors", "operators", "testing", "testing_events"),
     # tools and metadata
     ("audit", "cli", "get_provider_info", "hooks"),
+    # the UI plugin (the Waits page), which shows the audit's figures
+    ("plugins",),
 )
 
 #: The private client packages: none imports another.

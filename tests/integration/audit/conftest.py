@@ -175,14 +175,29 @@ class MetadataDB:
         )
         self._dags.add(dag_id)
 
-    def serialized(self, dag: Any, *, compressed: bool = False, at: dt.datetime | None = None) -> None:
+    def serialized(
+        self,
+        dag: Any,
+        *,
+        compressed: bool = False,
+        at: dt.datetime | None = None,
+        modules: dict[str, str] | None = None,
+    ) -> None:
         """A new version of ``dag`` (an ``airflow.sdk.DAG``) serialized as Airflow serializes it,
-        stored as the dag-processor stores it (``[core] compress_serialized_dags``: zlib)."""
+        stored as the dag-processor stores it (``[core] compress_serialized_dags``: zlib).
+
+        ``modules`` (task id -> module) records a task as Airflow records an operator class of
+        that module (``_task_module``): an official provider's sensor without installing it.
+        """
         from airflow.serialization.serialized_objects import DagSerialization
 
         if dag.dag_id not in self._dags:
             self.dag(dag.dag_id)
         data = DagSerialization.to_dict(dag)
+        for task in data["dag"]["tasks"]:
+            fields = task.get("__var", task)
+            if modules and fields["task_id"] in modules:
+                fields["_task_module"] = modules[fields["task_id"]]
         version = uuid.uuid4()
         number = self._versions[dag.dag_id] = self._versions.get(dag.dag_id, 0) + 1
         created = at or dt.datetime.now(UTC)

@@ -16,10 +16,11 @@ from airflow_deferrable_kit.audit import (
     START_CONDITION,
     Recommendation,
     Report,
+    render_html,
     run_audit,
     shape_from_serialized,
 )
-from airflow_deferrable_kit.sensors.s3 import S3KeySensor
+from airflow_deferrable_kit.sensors.s3 import S3KeySensor, S3KeysUnchangedSensor
 from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
 from tests.integration.audit.conftest import MetadataDB
 from tests.integration.audit.scenario import EXPECTED, NOW, at, populate
@@ -161,7 +162,7 @@ def test_end_from_trigger_is_advised_only_without_listener_plugins(
     # A mapped task cannot start in the triggerer (Airflow 3.3.2): only end_from_trigger is left for it.
     mapped = advice_for(report).get("wait_kafka_mapped")
     text = report.to_table()
-    conditional = ", if no listener plugin is registered (OpenLineage, or Airflow's example listener"
+    conditional = ", if no listener plugin is registered"
     # Started on a worker: starting in the triggerer saves the run before deferring (1.5 s), whatever the listeners.
     assert found is not None and found.change == "start_from_trigger"
     if registered:
@@ -211,3 +212,71 @@ def test_the_saving_is_stated_in_words_per_sensor_class_and_mode_and_in_total(me
     assert by_class[("DateTimeSensor", "deferred")]["poke_would_hold_hours"] == pytest.approx(1800.5 / 3600)
     assert by_class[("DateTimeSensor", "poke")]["worker_held_hours"] == pytest.approx(120 / 3600)
     assert ("PythonOperator", "worker") not in by_class
+
+
+AMAZON_S3 = "airflow.providers.amazon.aws.sensors.s3"
+
+
+def test_the_kits_and_the_official_sensors_side_by_side(metadata_db: MetadataDB) -> None:
+    """As a new user runs them: each class told apart by its module, each advised what fits it."""
+    with DAG("side_by_side", schedule=None, start_date=START) as dag:
+        s3_sensor("kit_first_look")
+        s3_sensor("kit_poke")
+        s3_sensor("amazon_poke")
+        S3KeysUnchangedSensor(task_id="amazon_unchanged", bucket_name="landing-zone", prefix="orders/")
+    metadata_db.serialized(dag, modules={"amazon_poke": AMAZON_S3, "amazon_unchanged": AMAZON_S3})
+    # The kit's deferrable sensor: one run deferred; in the next its first look found the key at once.
+    deferred = [("running", at(0.1)), ("deferred", at(1.5)), ("running", at(300.1)), ("success", at(300.5))]
+    metadata_db.attempt(
+        "side_by_side", "kit_first_look", operator="S3KeySensor", run_id="run_0", start=at(0), end=at(300.5),
+        queued=at(300), events=deferred,
+    )  # fmt: skip
+    poke(metadata_db, "side_by_side", "kit_first_look", "S3KeySensor", 8)
+    poke(metadata_db, "side_by_side", "kit_poke", "S3KeySensor", 600)
+    poke(metadata_db, "side_by_side", "amazon_poke", "S3KeySensor", 600)
+    poke(metadata_db, "side_by_side", "amazon_unchanged", "S3KeysUnchangedSensor", 600)
+
+    report = audit(metadata_db)
+    advice = advice_for(report)
+
+    first_look = next(row for row in report.rows if row.key["task_id"] == "kit_first_look")
+    assert first_look.modes == {"deferred": 1, "first_look": 1}
+    assert first_look.savings.deferring == 0 and first_look.by_mode["first_look"].idle == 0
+    assert advice["kit_first_look"].change != "deferrable"  # it has it: told what it lacks instead
+    assert all(row.key["task_id"] != "kit_first_look" for row in report.candidates)
+    assert advice["kit_poke"].advice.startswith("deferrable=True, if not set (it is this kit's S3KeySensor,")
+    assert advice["amazon_poke"].advice == "airflow_deferrable_kit.sensors.s3.S3KeySensor(deferrable=True)"
+    unchanged = advice["amazon_unchanged"].advice
+    assert unchanged == "airflow_deferrable_kit.sensors.s3.S3KeysUnchangedSensor(deferrable=True)"
+    # Not merged by class name: one chart row per module.
+    held = {(h.operator, h.mode): h.runs for h in report.held}
+    assert held == {
+        ("S3KeySensor (kit)", "poke"): 1,
+        ("S3KeySensor (kit)", "deferred"): 1,
+        ("S3KeySensor (kit)", "first_look"): 1,
+        ("S3KeySensor (amazon)", "poke"): 1,
+        ("S3KeysUnchangedSensor (amazon)", "poke"): 1,
+    }
+
+
+def test_the_listener_caveat_is_said_once_not_in_every_row(metadata_db: MetadataDB) -> None:
+    events = [("running", at(0.1)), ("deferred", at(1.5)), ("running", at(300.1)), ("success", at(300.5))]
+    for index in range(4):
+        metadata_db.attempt(
+            "etl", f"wait_{index}", operator="AwaitMessageSensor", start=at(0), end=at(300.5), queued=at(300),
+            events=events, map_index=0,
+        )  # fmt: skip
+
+    report = audit(metadata_db)
+    page = render_html(report)
+
+    assert len(report.recommendations) == 4
+    # The short condition stays with the end_from_trigger part of each row's advice (an
+    # AssetWatcher alternative may follow it); why it matters is said once, under the advice.
+    ending = "end_from_trigger=True (KafkaMessageSensor of this kit resumes only to return its payload"
+    for recommendation in report.recommendations:
+        assert recommendation.advice.startswith(ending)
+        assert recommendation.advice.count(", if no listener plugin is registered") == 1
+    assert page.count("Airflow refuses it while listener plugins") == 1
+    assert page.count("end_from_trigger is advised on condition") == 1
+    assert page.count("OpenLineage, or Airflow&#x27;s example listener") == 1

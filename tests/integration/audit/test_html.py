@@ -7,6 +7,7 @@ and compared with the report, and every tag and attribute is checked for anythin
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -165,3 +166,12 @@ def test_the_command_writes_the_page_next_to_its_usual_output(
     code = main(["audit", "--sql-alchemy-conn", sqlite_db.url, "--html", str(tmp_path / "missing" / "a.html")])
     _, err = capsys.readouterr()
     assert code == 1 and "could not write --html" in err
+
+
+def test_wide_tables_wrap_inside_the_page(report: Report) -> None:
+    """Long advice (dotted paths) wraps in its column instead of pushing the table past the page."""
+    page = render_html(report)
+    assert "table-layout: fixed" in page and "overflow-wrap: anywhere" in page
+    advice = page[page.index("<h2>What to change</h2>") :]
+    widths = [int(w) for w in re.findall(r'<col style="width:(\d+)%">', advice[: advice.index("</colgroup>")])]
+    assert len(widths) == 7 and sum(widths) == 100
