@@ -1,7 +1,9 @@
 """Showcase: five waits at once, none of them holding a worker slot while it waits.
 
 Each sensor defers to the triggerer and hands back *what* it found as its XCom. ``make demo``
-runs this DAG against local services and makes each condition true after a delay.
+runs this DAG against local services and makes each condition true after a delay. The Kafka and
+moment waits end in the triggerer (``end_from_trigger``); the moment wait also starts there
+(``start_from_trigger``, Airflow 3.3+), so it never takes a worker slot at all.
 
 Connections (the demo sets them as ``AIRFLOW_CONN_*`` variables): ``s3_demo`` (aws, with an
 ``endpoint_url`` extra for a local S3 API), ``batch_api`` (http), ``warehouse`` (postgres) and
@@ -69,6 +71,7 @@ with DAG(
         # A moment `moment_delay_seconds` after the task starts, in UTC.
         target_time="{{ macros.datetime.fromtimestamp(macros.time.time() + params.moment_delay_seconds,"
         " macros.dateutil.tz.UTC).isoformat() }}",
+        start_from_trigger=True,  # the scheduler hands it to the triggerer: no worker at all
         end_from_trigger=True,
         **WAIT,
     )

@@ -365,12 +365,32 @@ def print_table(rows: list[dict[str, Any]], start: float, out: Callable[[str], N
     out("the run was triggered. worker s: seconds a worker slot was held, measured from this Airflow's metadata")
     out("DB as `airflow-deferrable-kit audit` measures it (from the worker's own start, cold start included);")
     out("waited s: from the task's first start on a worker to its end; worker runs: worker processes it took")
-    out("(2: deferred, then resumed on a worker; 1: ended by the triggerer, end_from_trigger=True).")
+    out("(2: deferred, then resumed on a worker; 1: ended by the triggerer, end_from_trigger=True; 0: started")
+    out("and ended by the triggerer, start_from_trigger=True).")
+    out("")
+    out(saving_sentence(rows))
     out("")
     out("payloads (each task's XCom):")
     for row in rows:
         text = json.dumps(row["payload"])
         out(textwrap.fill(text, 100, initial_indent=f"  {row['task_id']}: ", subsequent_indent="    "))
+
+
+def saving_sentence(rows: list[dict[str, Any]]) -> str:
+    """What deferring saved on this run, in one sentence: worker seconds held against the seconds a
+    sensor in poke mode would have held (the whole wait), and the waits that took no worker."""
+    held = sum(row["worker_seconds"] or 0 for row in rows)
+    waited = sum(row["waited_seconds"] or 0 for row in rows)
+    without = [row["task_id"] for row in rows if row["worker_runs"] == 0]
+    sentence = (
+        f"Saving: these {len(rows)} waits held a worker slot for {held:.1f} s in all; in poke mode each would have "
+        f"held one for its whole wait, {waited:.1f} s"
+    )
+    if held > 0:
+        sentence += f" ({waited / held:.0f} times as long)"
+    if without:
+        sentence += f". {', '.join(without)} never took a worker slot (start_from_trigger=True)"
+    return sentence + "."
 
 
 def waits_page_url(airflow: LocalAirflow) -> str:

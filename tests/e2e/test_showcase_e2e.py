@@ -30,7 +30,17 @@ from scripts.airflow_local import (
     WatchedRun,
     without_airflow_settings,
 )
-from scripts.demo import DAG_ID, TASKS, Showcase, finish, kept_message, parse_args, run_demo, up_message
+from scripts.demo import (
+    DAG_ID,
+    TASKS,
+    Showcase,
+    finish,
+    kept_message,
+    parse_args,
+    run_demo,
+    saving_sentence,
+    up_message,
+)
 
 #: What a user's shell may export for their own Airflow; none of it may reach the demo's.
 LEAKED = {
@@ -139,11 +149,12 @@ def test_each_payload_says_what_was_found(showcase: Showcase, showcase_run: Demo
 def test_end_from_trigger_tasks_never_went_back_to_a_worker(showcase: Showcase, showcase_run: DemoSeen) -> None:
     watched = showcase_run.watched
     runs = {row["task_id"]: row["worker_runs"] for row in showcase_run.rows}
-    for task_id in ("wait_kafka_message", "wait_moment"):
+    # wait_kafka_message started on a worker; wait_moment started in the triggerer (start_from_trigger).
+    for task_id, worker_starts in (("wait_kafka_message", 1), ("wait_moment", 0)):
         assert watched.states[task_id][-2:] == ["deferred", "success"], watched.states[task_id]
         log = showcase.airflow.task_log(DAG_ID, watched.run_id, task_id)
-        assert log.count("Worker startup parse complete") == 1, log[-2000:]
-        assert runs[task_id] == 1, runs
+        assert log.count("Worker startup parse complete") == worker_starts, log[-2000:]
+        assert runs[task_id] == worker_starts, runs
     assert [runs[task] for task in ("wait_s3_object", "wait_http_batch_ready", "wait_postgres_marker")] == [2, 2, 2]
 
 
@@ -151,7 +162,13 @@ def test_end_from_trigger_tasks_never_went_back_to_a_worker(showcase: Showcase, 
 def test_worker_time_is_a_small_part_of_the_wait(showcase_run: DemoSeen) -> None:
     for row in showcase_run.rows:
         assert row["waited_seconds"] is not None and row["worker_seconds"] is not None, row
-        assert 0 < row["worker_seconds"] < row["waited_seconds"], row
+        assert row["worker_seconds"] < row["waited_seconds"], row
+        # wait_moment, the one started in the triggerer, held none.
+        assert (row["worker_seconds"] == 0) == (row["task_id"] == "wait_moment"), row
+    assert "wait_moment never took a worker slot (start_from_trigger=True)" in showcase_run.text
+    saving = next(line for line in showcase_run.printed if line.startswith("Saving: "))
+    held = sum(row["worker_seconds"] for row in showcase_run.rows)
+    assert f"held a worker slot for {held:.1f} s in all" in saving, saving
 
 
 @pytest.mark.e2e
@@ -187,7 +204,7 @@ def test_the_table_has_a_waited_column_and_a_total(showcase_run: DemoSeen) -> No
     rows = showcase_run.rows
     assert float(total[1]) == pytest.approx(sum(row["worker_seconds"] for row in rows), abs=0.051)
     assert float(total[2]) == pytest.approx(sum(row["waited_seconds"] for row in rows), abs=0.051)
-    assert int(total[3]) == sum(row["worker_runs"] for row in rows) == 8
+    assert int(total[3]) == sum(row["worker_runs"] for row in rows) == 7  # 2 + 2 + 2 + 1 + 0
 
 
 @pytest.mark.e2e
@@ -297,3 +314,16 @@ def test_timeout_skips_with_soft_fail_errors_fail_anyway_and_reschedule_mode_wor
         "status": "success",
         "target_time": soon.isoformat(),
     }
+
+
+def test_the_saving_sentence_sums_the_rows_and_names_the_waits_with_no_worker() -> None:
+    rows = [
+        {"task_id": "a", "worker_seconds": 3.0, "waited_seconds": 60.0, "worker_runs": 2},
+        {"task_id": "b", "worker_seconds": 0.0, "waited_seconds": 30.0, "worker_runs": 0},
+    ]
+    assert saving_sentence(rows) == (
+        "Saving: these 2 waits held a worker slot for 3.0 s in all; in poke mode each would have held one for its "
+        "whole wait, 90.0 s (30 times as long). b never took a worker slot (start_from_trigger=True)."
+    )
+    rows[0]["worker_runs"], rows[1]["worker_runs"] = 1, 1
+    assert "never took" not in saving_sentence(rows)
