@@ -268,10 +268,25 @@ def all_bursts(world: Bursts, triggerers: int) -> list[Outcome]:
     for outcome in sorted(outcomes, key=lambda o: (o.asset, o.size)):
         print("  " + outcome.line())
     if errors:
+        print(f"trigger rows (id, triggerer job, watcher): {world.trigger_rows()}")
         for name in ("triggerer", "triggerer-2"):
-            print(f"--- {name} log ---\n{world.airflow.log_tail(name, 6000)}")
+            print(f"--- {name} log, without the lines every healthy loop writes ---\n{notable(world, name)}")
+        for error in errors[1:]:
+            print(f"also: {error}")
         raise errors[0]
     return outcomes
+
+
+#: Log lines a healthy triggerer writes over and over; left out of what a failure prints.
+ROUTINE = ("triggers currently running", "watchers currently running", "reached the maximum capacity", "log end")
+
+
+def notable(world: Bursts, component: str) -> str:
+    """The last lines of a triggerer's log a failure is explained by: its warnings and errors."""
+    lines = [
+        line for line in world.airflow.log_tail(component, 400_000).splitlines() if not any(r in line for r in ROUTINE)
+    ]
+    return "\n".join(lines[-80:])
 
 
 @pytest.fixture(scope="module")
