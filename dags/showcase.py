@@ -3,7 +3,7 @@
 Each sensor defers to the triggerer and hands back *what* it found as its XCom. ``make demo``
 runs this DAG against local services and makes each condition true after a delay. The Kafka and
 moment waits end in the triggerer (``end_from_trigger``); the moment wait also starts there
-(``start_from_trigger``, Airflow 3.3+), so it never takes a worker slot at all.
+(``start_from_trigger``, Airflow 3.3+), so there it never takes a worker slot at all.
 
 Connections (the demo sets them as ``AIRFLOW_CONN_*`` variables): ``s3_demo`` (aws, with an
 ``endpoint_url`` extra for a local S3 API), ``batch_api`` (http), ``warehouse`` (postgres) and
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import datetime as dt
 
+import airflow
 from airflow.sdk import DAG, Param
+from packaging.version import Version
 
 from airflow_deferrable_kit.sensors.http import HttpBatchReadySensor
 from airflow_deferrable_kit.sensors.kafka import KafkaMessageSensor
@@ -25,6 +27,8 @@ from airflow_deferrable_kit.sensors.temporal import DateTimeSensor
 
 BATCH = "{{ params.batch }}"
 WAIT = {"deferrable": True, "poke_interval": 5, "timeout": 1800}
+#: Airflow 3.3+ starts a wait in the triggerer; on 3.2 the moment wait defers from a worker instead.
+STARTS_IN_TRIGGERER = Version(airflow.__version__).release >= (3, 3)
 
 with DAG(
     dag_id="deferrable_kit_showcase",
@@ -71,7 +75,7 @@ with DAG(
         # A moment `moment_delay_seconds` after the task starts, in UTC.
         target_time="{{ macros.datetime.fromtimestamp(macros.time.time() + params.moment_delay_seconds,"
         " macros.dateutil.tz.UTC).isoformat() }}",
-        start_from_trigger=True,  # the scheduler hands it to the triggerer: no worker at all
+        start_from_trigger=STARTS_IN_TRIGGERER,  # the scheduler hands it to the triggerer: no worker at all
         end_from_trigger=True,
         **WAIT,
     )
