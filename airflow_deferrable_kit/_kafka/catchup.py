@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from airflow_deferrable_kit._kafka import settings
-from airflow_deferrable_kit._kafka.client import (
+from airflow_deferrable_kit._kafka.consumers import (
     blames_connection,
     classify_kafka_error,
     import_aiokafka,

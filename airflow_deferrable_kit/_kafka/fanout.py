@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from airflow_deferrable_kit._kafka import settings
-from airflow_deferrable_kit._kafka.client import known_position
+from airflow_deferrable_kit._kafka.consumers import known_position
 from airflow_deferrable_kit._kafka.gate import ConnectGates
 from airflow_deferrable_kit._kafka.messages import (
     PREDICATE,
@@ -33,6 +33,7 @@ from airflow_deferrable_kit._kafka.messages import (
     canonical_value,
 )
 from airflow_deferrable_kit._kafka.offsets import OffsetsSource, StartOffsets, resolve_start
+from airflow_deferrable_kit._kafka.settings import KafkaOptions
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import MISSING, Decision
 from airflow_deferrable_kit.errors import WaitError
@@ -587,7 +588,7 @@ class Connection(Protocol):
     """
 
     conn_id: str
-    options: dict[str, Any]
+    options: KafkaOptions
     gates: ConnectGates
     topics: dict[str, TopicReader]
 
@@ -629,7 +630,7 @@ class TopicReader(FanOut):
         return self.connection.conn_id
 
     @property
-    def options(self) -> dict[str, Any]:
+    def options(self) -> KafkaOptions:
         return self.connection.options
 
     def everyone(self) -> list[Waiter]:

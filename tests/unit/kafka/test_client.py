@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from aiokafka import errors
 
-from airflow_deferrable_kit._kafka.client import classify_kafka_error
+from airflow_deferrable_kit._kafka.consumers import classify_kafka_error
 from airflow_deferrable_kit._kafka.settings import options_from_connection
 from airflow_deferrable_kit.errors import FatalError, TransientError
 
