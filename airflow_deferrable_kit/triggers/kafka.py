@@ -11,8 +11,8 @@ What makes this wait cheap and safe at scale:
   one fetch consumer assigned the partitions of every topic waited on, one lookup consumer, one
   catch-up consumer, whose metadata requests name the topics waited on only. Each message is
   decoded once and handed to the waiters whose conditions can match it (an index on the values
-  the conditions compare), so 10,000 waiters on 1,000 topics cost a few consumers and CPU in
-  proportion to the message rate. Waiters whose start lies behind their topic's hand-out are
+  the conditions compare), so however many waits and topics there are, the consumers follow
+  the connections and the CPU follows the message rate. Waiters whose start lies behind their topic's hand-out are
   brought up to it together by shared catch-up passes; a waiter too slow to keep up (a slow
   predicate) leaves, catches up at its own pace and joins again, so buffers stay bounded.
 * **Nothing missed.** The default start is "every message produced after the task first
