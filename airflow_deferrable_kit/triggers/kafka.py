@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -341,10 +342,8 @@ class KafkaMessageTrigger(PollingTrigger):
 
     async def _shared_reader(self) -> Any:
         """The connection's shared reader, leased for as long as this wait runs."""
-        return await self.lease(("kafka-connection", self.kafka_conn_id), self._open_reader, close_reader)
-
-    async def _open_reader(self) -> Any:
-        return await open_reader(await load_options(self.kafka_conn_id))
+        opening = functools.partial(_open_shared_reader, self.kafka_conn_id)
+        return await self.lease(("kafka-connection", self.kafka_conn_id), opening, close_reader)
 
     async def _settle(self, message: KafkaMessage, kind: str, decision: Decision | None) -> Found | None:
         """Turn a delivered message into the outcome: run the predicate if needed, then decide."""
@@ -435,6 +434,10 @@ class KafkaMessageTrigger(PollingTrigger):
         if self._subscription is not None:
             await self._subscription.leave()
         await super().release()
+
+
+async def _open_shared_reader(conn_id: str) -> Any:
+    return await open_reader(await load_options(conn_id))
 
 
 __all__ = ["KafkaMessageTrigger"]
