@@ -2,22 +2,23 @@
 
 A wait whose start lies behind its topic's hand-out (it starts from its deferral and messages
 arrived since, the triggerer restarted, or it reads from ``earliest``/``committed``) must read
-that gap first. :class:`CatchUps` runs the passes of one connection (a
-:class:`~airflow_deferrable_kit._kafka.fanout.CatchUpPass` per topic with late waits, all on
-*one* consumer), so N late waits on M topics cost one consumer and one read of each gap. A wait
-whose predicate cannot keep up reads at its own pace (:func:`read_on_own`, on a consumer of
-its own from :class:`OwnPace`, a few per connection at most) and joins again.
+that gap first. :class:`CatchUps` runs the passes of one connection (a :class:`CatchUpPass` per
+topic with late waits, all on *one* consumer), so N late waits on M topics cost one consumer
+and one read of each gap. A wait whose predicate cannot keep up reads at its own pace
+(:func:`read_on_own`, on a consumer of its own from :class:`OwnPace`, a few per connection at
+most) and joins again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from airflow_deferrable_kit._kafka import settings
-from airflow_deferrable_kit._kafka.client import (
+from airflow_deferrable_kit._kafka.consumers import (
     blames_connection,
     classify_kafka_error,
     import_aiokafka,
@@ -25,7 +26,7 @@ from airflow_deferrable_kit._kafka.client import (
     quiet_aiokafka,
     start_consumer,
 )
-from airflow_deferrable_kit._kafka.fanout import CatchUpPass, Connection, TopicReader, Waiter, hand_out
+from airflow_deferrable_kit._kafka.fanout import Connection, FanOut, TopicReader, Waiter, hand_out
 from airflow_deferrable_kit._kafka.messages import KafkaMessage
 from airflow_deferrable_kit._kafka.offsets import clamp_to_log
 from airflow_deferrable_kit._per_loop import PerLoop
@@ -40,6 +41,82 @@ log = logging.getLogger(__name__)
 
 
 T = TypeVar("T")
+
+
+class CatchUpPass(FanOut):
+    """One shared read of the gap between late waiters and their reader, then a hand-over.
+
+    A wait whose start lies behind the reader (it starts from its deferral moment and messages
+    arrived since, the triggerer restarted, or it reads from ``earliest``/``committed``) has to
+    read that gap before it can join the reader. A pass reads it once for all such waits, from
+    the earliest of their positions, through the same index as the reader; when it is level
+    with the reader it moves them onto the reader, each in one step, so nothing falls between
+    the two. N late waits cost one read of the gap, not N.
+    """
+
+    def __init__(self, reader: TopicReader, waiters: Iterable[Waiter]) -> None:
+        super().__init__(reader.topic, reader.origins)
+        self.reader = reader
+        for waiter in waiters:  # start at the earliest position of any of them
+            for tp in reader.positions:
+                cursor = waiter.position_in(tp, self)
+                if cursor < self.positions.get(tp, cursor + 1):
+                    self.positions[tp] = cursor
+        self._leaving: list[Waiter] = []
+
+    async def take(self, late: dict[Waiter, None]) -> None:
+        """Move the ``late`` waiters into the pass, yielding to the loop between slices.
+
+        Waiters released while this yields are no longer in ``late`` and are left out.
+        """
+        slice_start = time.monotonic()
+        for waiter in list(late):
+            if waiter in late:  # not released meanwhile
+                del late[waiter]
+                waiter.join(self)  # never behind: the pass starts at the earliest position
+            if time.monotonic() - slice_start > settings.DISPATCH_SLICE_SECONDS:
+                await asyncio.sleep(0)
+                slice_start = time.monotonic()
+
+    def extend(self) -> None:
+        """Cover partitions the reader gained since the pass started."""
+        new = [tp for tp in self.reader.positions if tp not in self.positions]
+        if not new:
+            return
+        waiters = self.waiters()
+        for tp in new:
+            self.positions[tp] = min(
+                (waiter.position_in(tp, self) for waiter in waiters), default=self.reader.positions[tp]
+            )
+            for waiter in waiters:
+                self.mark(waiter, tp)
+
+    def level(self) -> bool:
+        """Whether the pass has handed out everything the reader has (so its waiters can move)."""
+        return all(self.positions.get(tp, -1) >= position for tp, position in self.reader.positions.items())
+
+    def hand_over(self) -> bool:
+        """Move waiters onto the reader, for one slice of time; True once nobody is left.
+
+        Call it only while the pass is level with the reader: each move happens in one step, so
+        no message can slip in between, and the caller checks the level again after a yield.
+        """
+        if not self._leaving:
+            self._leaving = self.waiters()
+        slice_start = time.monotonic()
+        while self._leaving:
+            waiter = self._leaving.pop()
+            if waiter.attached.get(self.topic) is not self:
+                continue  # found its message or fell behind meanwhile
+            waiter.detach(self.topic)
+            for tp, position in self.positions.items():
+                if waiter.cursor.get(tp, 0) < position:
+                    waiter.cursor[tp] = position
+            if not waiter.try_attach(self.topic):
+                waiter.wake.set()  # cannot happen while level; if it did, the waiter catches up again
+            if time.monotonic() - slice_start > settings.DISPATCH_SLICE_SECONDS:
+                break
+        return not self.groups
 
 
 class CatchUps:
@@ -330,6 +407,7 @@ def _catchup_slot(conn_id: str) -> asyncio.Semaphore:
 
 
 __all__ = [
+    "CatchUpPass",
     "CatchUps",
     "OwnPace",
     "read_on_own",

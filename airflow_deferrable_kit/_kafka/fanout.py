@@ -1,11 +1,13 @@
-"""The hand-out at the heart of the shared Kafka reader: waiters, their index, and catch-up passes.
+"""The hand-out at the heart of the shared Kafka reader: waiters, their index, and the topics they read.
 
-Nothing here talks to a broker. A :class:`FanOut` is handed batches of records (by the shared
-reader, or by a :class:`CatchUpPass` that brings late waiters up to it) and gives each message to
-the :class:`Waiter` objects whose conditions can match it, found through an index on the values
-the conditions compare, so the cost follows the message rate rather than the number of waits.
-Each waiter keeps its own cursor per partition, so it sees every message from its start once,
-whichever fan-out hands it over.
+A :class:`FanOut` is handed batches of records (by the shared reader, or by a catch-up pass,
+:class:`~airflow_deferrable_kit._kafka.catchup.CatchUpPass`, that brings late waiters up to it)
+and gives each message to the :class:`Waiter` objects whose conditions can match it, found
+through an index on the values the conditions compare, so the cost follows the message rate
+rather than the number of waits. Each waiter keeps its own cursor per partition, so it sees
+every message from its start once, whichever fan-out hands it over. A :class:`TopicReader` is
+the fan-out of one topic on a connection's shared reader, with its state; it asks the
+connection (:class:`Connection`) for lookups, and nothing here fetches from a broker.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from airflow_deferrable_kit._kafka import settings
-from airflow_deferrable_kit._kafka.client import known_position
+from airflow_deferrable_kit._kafka.consumers import known_position
 from airflow_deferrable_kit._kafka.gate import ConnectGates
 from airflow_deferrable_kit._kafka.messages import (
     PREDICATE,
@@ -31,6 +33,7 @@ from airflow_deferrable_kit._kafka.messages import (
     canonical_value,
 )
 from airflow_deferrable_kit._kafka.offsets import OffsetsSource, StartOffsets, resolve_start
+from airflow_deferrable_kit._kafka.settings import KafkaOptions
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import MISSING, Decision
 from airflow_deferrable_kit.errors import WaitError
@@ -119,7 +122,7 @@ class _Wake:
 
 
 #: The set of every waiter that has put nothing in one yet (``ts_filter``, ``behind``): each is
-#: made on its first add (an empty set is 216 bytes, and most waiters never need these two).
+#: made on its first add (most waiters never need these two, and an empty set is not free).
 _NOTHING: Final[frozenset[Any]] = frozenset()
 
 #: The queue of every waiter that has held nothing yet. ``maxlen=0``: it can never hold anything,
@@ -168,7 +171,7 @@ class Waiter:
         self.cursor: dict[TopicPartition, int] = {}
         self.ts_filter: set[TopicPartition] | frozenset[TopicPartition] = _NOTHING
         #: What was handed to it and not yet settled. Most waiters never hold anything, so they
-        #: share one empty, bounded-to-nothing deque until the first :meth:`enqueue` (760 bytes each).
+        #: share one empty, bounded-to-nothing deque until the first :meth:`enqueue`.
         self.queue: collections.deque[tuple[KafkaMessage, str, Decision | None]] = _NOTHING_QUEUED
         self.queued_bytes = 0
         self.wake = _Wake()
@@ -372,7 +375,8 @@ class _Group:
     """The waiters of one value format on a fan-out, indexed by the values they compare.
 
     A value most often has one waiter (each wait looks for its own id): its bucket is then that
-    waiter itself, and becomes a set when a second one joins (an empty set is 216 bytes).
+    waiter itself, and becomes a set when a second one joins (a set per value would cost more than
+    the waiter's own state).
     """
 
     def __init__(self) -> None:
@@ -447,8 +451,8 @@ class _Group:
 class FanOut:
     """Waiters on one topic, indexed by the values they compare, and the hand-out of messages.
 
-    The shared :class:`TopicReader` is one; a :class:`CatchUpPass` that brings late waiters up to
-    the reader is another. ``positions[tp]`` is the next offset handed out. Counts are kept per
+    The shared :class:`TopicReader` is one; a catch-up pass that brings late waiters up to the
+    reader is another. ``positions[tp]`` is the next offset handed out. Counts are kept per
     value format and partition, and each waiter marks the counts at the moment the hand-out
     reaches its cursor, so what each wait examined is exact without counting per wait.
     """
@@ -575,85 +579,6 @@ class FanOut:
                     waiter.filter_by_time(tp)
 
 
-class CatchUpPass(FanOut):
-    """One shared read of the gap between late waiters and their reader, then a hand-over.
-
-    A wait whose start lies behind the reader (it starts from its deferral moment and messages
-    arrived since, the triggerer restarted, or it reads from ``earliest``/``committed``) has to
-    read that gap before it can join the reader. A pass reads it once for all such waits, from
-    the earliest of their positions, through the same index as the reader; when it is level
-    with the reader it moves them onto the reader, each in one step, so nothing falls between
-    the two. N late waits cost one read of the gap, not N.
-    """
-
-    def __init__(self, reader: TopicReader, waiters: Iterable[Waiter]) -> None:
-        super().__init__(reader.topic, reader.origins)
-        self.reader = reader
-        for waiter in waiters:  # start at the earliest position of any of them
-            for tp in reader.positions:
-                cursor = waiter.position_in(tp, self)
-                if cursor < self.positions.get(tp, cursor + 1):
-                    self.positions[tp] = cursor
-        self._leaving: list[Waiter] = []
-
-    async def take(self, late: dict[Waiter, None]) -> None:
-        """Move the ``late`` waiters into the pass, yielding to the loop between slices.
-
-        Waiters released while this yields are no longer in ``late`` and are left out.
-        """
-        slice_start = time.monotonic()
-        for waiter in list(late):
-            if waiter in late:  # not released meanwhile
-                del late[waiter]
-                waiter.join(self)  # never behind: the pass starts at the earliest position
-            if time.monotonic() - slice_start > settings.DISPATCH_SLICE_SECONDS:
-                await asyncio.sleep(0)
-                slice_start = time.monotonic()
-
-    def extend(self) -> None:
-        """Cover partitions the reader gained since the pass started."""
-        new = [tp for tp in self.reader.positions if tp not in self.positions]
-        if not new:
-            return
-        waiters = self.waiters()
-        for tp in new:
-            self.positions[tp] = min(
-                (waiter.position_in(tp, self) for waiter in waiters), default=self.reader.positions[tp]
-            )
-            for waiter in waiters:
-                self.mark(waiter, tp)
-
-    def level(self) -> bool:
-        """Whether the pass has handed out everything the reader has (so its waiters can move)."""
-        return all(self.positions.get(tp, -1) >= position for tp, position in self.reader.positions.items())
-
-    def hand_over(self) -> bool:
-        """Move waiters onto the reader, for one slice of time; True once nobody is left.
-
-        Call it only while the pass is level with the reader: each move happens in one step, so
-        no message can slip in between, and the caller checks the level again after a yield.
-        """
-        if not self._leaving:
-            self._leaving = self.waiters()
-        slice_start = time.monotonic()
-        while self._leaving:
-            waiter = self._leaving.pop()
-            if waiter.attached.get(self.topic) is not self:
-                continue  # found its message or fell behind meanwhile
-            waiter.detach(self.topic)
-            for tp, position in self.positions.items():
-                if waiter.cursor.get(tp, 0) < position:
-                    waiter.cursor[tp] = position
-            if not waiter.try_attach(self.topic):
-                waiter.wake.set()  # cannot happen while level; if it did, the waiter catches up again
-            if time.monotonic() - slice_start > settings.DISPATCH_SLICE_SECONDS:
-                break
-        return not self.groups
-
-
-__all__ = ["COUNTED", "CatchUpPass", "Connection", "FanOut", "Pace", "TopicReader", "Waiter", "hand_out"]
-
-
 # ================================================================================ topics
 class Connection(Protocol):
     """What a topic and its catch-up passes ask of the connection reader that holds them.
@@ -663,7 +588,7 @@ class Connection(Protocol):
     """
 
     conn_id: str
-    options: dict[str, Any]
+    options: KafkaOptions
     gates: ConnectGates
     topics: dict[str, TopicReader]
 
@@ -705,7 +630,7 @@ class TopicReader(FanOut):
         return self.connection.conn_id
 
     @property
-    def options(self) -> dict[str, Any]:
+    def options(self) -> KafkaOptions:
         return self.connection.options
 
     def everyone(self) -> list[Waiter]:
@@ -755,3 +680,6 @@ class TopicReader(FanOut):
             committed=committed,
             start_offsets=None if fixed is None else {self.topic: dict(fixed.get(self.topic, {}))},
         )
+
+
+__all__ = ["COUNTED", "Connection", "FanOut", "Pace", "TopicReader", "Waiter", "hand_out"]

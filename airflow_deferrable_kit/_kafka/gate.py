@@ -162,6 +162,27 @@ class ConnectGates:
         return sum(gate.attempts for gate in self.gates.values())
 
 
+class CapHold:
+    """One wait's hold on its connection's backoff cap: held once while it uses the connection."""
+
+    __slots__ = ("_gates", "_seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = float(seconds)
+        self._gates: ConnectGates | None = None
+
+    def hold(self, gates: ConnectGates) -> None:
+        """Cap ``gates``' reconnect backoff at this wait's ``seconds`` (once; later calls keep it)."""
+        if self._gates is None:
+            gates.hold_cap(self._seconds)
+            self._gates = gates
+
+    def drop(self) -> None:
+        gates, self._gates = self._gates, None
+        if gates is not None:
+            gates.drop_cap(self._seconds)
+
+
 _gates: PerLoop[dict[str, ConnectGates]] = PerLoop(dict)
 
 
@@ -175,6 +196,7 @@ def gates_for(conn_id: str) -> ConnectGates:
 
 
 __all__ = [
+    "CapHold",
     "ConnectGate",
     "ConnectGates",
     "gates_for",

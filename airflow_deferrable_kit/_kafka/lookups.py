@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._kafka import settings
-from airflow_deferrable_kit._kafka.client import classify_kafka_error, quiet_aiokafka
+from airflow_deferrable_kit._kafka.consumers import classify_kafka_error, quiet_aiokafka
 from airflow_deferrable_kit._kafka.offsets import group_by_partition
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.errors import TransientError, describe_exception

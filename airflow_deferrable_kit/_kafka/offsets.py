@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_deferrable_kit._kafka import settings
-from airflow_deferrable_kit._kafka.client import (
+from airflow_deferrable_kit._kafka.consumers import (
     describe_topics,
     out_of_range_offsets,
     start_admin,

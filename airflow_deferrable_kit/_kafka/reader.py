@@ -8,7 +8,7 @@ Each topic waited on has a :class:`TopicReader`: its hand-out (a
 :class:`~airflow_deferrable_kit._kafka.fanout.FanOut`) with its positions and waiters, and no
 consumer of its own. So the sockets, the memory and the metadata follow the brokers and the
 topics waited on, not the number of waits or topics; every client asks the broker about the
-topics waited on only (see :func:`~airflow_deferrable_kit._kafka.client.scope_client`).
+topics waited on only (see :func:`~airflow_deferrable_kit._kafka.consumers.scope_client`).
 Broker outages are absorbed by the consumers, which reconnect through the connection's gate;
 fatal errors reach the waiters of the topics they concern, and no other: a batch that cannot be
 decoded or a topic we may not read ends the waits of that topic, and a loop that fails for any
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
 from airflow_deferrable_kit._kafka import settings
 from airflow_deferrable_kit._kafka.catchup import CatchUps
-from airflow_deferrable_kit._kafka.client import (
+from airflow_deferrable_kit._kafka.consumers import (
     TopicsAnswer,
     blames_connection,
     classify_kafka_error,
@@ -42,7 +42,7 @@ from airflow_deferrable_kit._kafka.fanout import TopicReader, Waiter, hand_out
 from airflow_deferrable_kit._kafka.gate import ConnectGates, gates_for
 from airflow_deferrable_kit._kafka.lookups import BatchedLookups
 from airflow_deferrable_kit._kafka.offsets import CommittedOffsets
-from airflow_deferrable_kit._kafka.settings import load_options
+from airflow_deferrable_kit._kafka.settings import KafkaOptions
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError, describe_exception
 
@@ -63,7 +63,7 @@ class ConnectionReader:
     request for all topics finds new partitions, topics that appeared and logs cut back.
     """
 
-    def __init__(self, conn_id: str, options: dict[str, Any]) -> None:
+    def __init__(self, conn_id: str, options: KafkaOptions) -> None:
         self.conn_id = conn_id
         self.options = options
         self.gates: ConnectGates = gates_for(conn_id)
@@ -92,15 +92,6 @@ class ConnectionReader:
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
-    @classmethod
-    async def open(cls, conn_id: str) -> ConnectionReader:
-        """A reader for ``conn_id`` (its connection resolved; no broker contacted yet)."""
-        return cls(conn_id, await load_options(conn_id))
-
-    @staticmethod
-    async def close_reader(reader: ConnectionReader) -> None:
-        await reader.close()
-
     async def close(self) -> None:
         self._closed = True
         tasks, self._tasks = self._tasks, []

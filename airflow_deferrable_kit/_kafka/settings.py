@@ -8,7 +8,9 @@ connection and are fatal ``bad_connection``: asking again cannot fix a malformed
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import ssl
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
@@ -108,20 +110,59 @@ def options_from_connection(
     return options, tls
 
 
-async def load_options(conn_id: str) -> dict[str, Any]:
-    """Resolve ``conn_id`` in the triggerer into aiokafka kwargs (secrets never leave this call)."""
+@dataclasses.dataclass(frozen=True)
+class KafkaOptions(Mapping[str, Any]):
+    """One connection's aiokafka client keyword arguments: frozen, hashable, secret kept out of its repr.
+
+    A mapping of exactly the keywords every client of the wait is started with
+    (``AIOKafkaConsumer(**options)``); ``conn_id`` names the connection and is not one of them.
+    """
+
+    conn_id: str
+    bootstrap_servers: tuple[str, ...]
+    security_protocol: str = "PLAINTEXT"
+    client_id: str = "airflow-deferrable-kit"
+    sasl_mechanism: str | None = None
+    sasl_kerberos_service_name: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
+    ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False)
+
+    def _keywords(self) -> dict[str, Any]:
+        keywords = {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if field.name != "conn_id" and getattr(self, field.name) is not None
+        }
+        keywords["bootstrap_servers"] = list(self.bootstrap_servers)
+        return keywords
+
+    def __getitem__(self, key: str) -> Any:
+        return self._keywords()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keywords())
+
+    def __len__(self) -> int:
+        return len(self._keywords())
+
+
+async def load_options(conn_id: str) -> KafkaOptions:
+    """Resolve ``conn_id`` in the triggerer into aiokafka's client options (secrets never leave them)."""
     conn = await get_connection(conn_id, argument="kafka_conn_id", conn_types=("kafka",))
     extra = await get_extra(conn)
     options, tls = options_from_connection(
         conn_id=conn_id, host=conn.host, port=conn.port, login=conn.login, password=conn.password, extra=extra
     )
+    context = None
     if tls is not None:
         files = TlsFiles(tls["cafile"], tls["certfile"], tls["keyfile"], tls["password"], bool(tls["check_hostname"]))
-        options["ssl_context"] = await build_ssl_context(files, where=f"kafka_conn_id={conn_id!r}")
-    return options
+        context = await build_ssl_context(files, where=f"kafka_conn_id={conn_id!r}")
+    servers = tuple(options.pop("bootstrap_servers"))
+    return KafkaOptions(conn_id=conn_id, bootstrap_servers=servers, ssl_context=context, **options)
 
 
-__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "load_options", "options_from_connection"]
+__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "KafkaOptions", "load_options", "options_from_connection"]
 
 # ============================================================================ tunables
 # Per process, not per wait: the reader, its hand-out and its gates are shared by every wait of a

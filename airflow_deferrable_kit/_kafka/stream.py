@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_deferrable_kit._kafka import settings
 from airflow_deferrable_kit._kafka.catchup import OwnPace, read_on_own
 from airflow_deferrable_kit._kafka.fanout import FanOut, Waiter
+from airflow_deferrable_kit._kafka.gate import CapHold
 from airflow_deferrable_kit._kafka.messages import MATCHERS, SUCCESS, KafkaMessage, MatchSpec
 from airflow_deferrable_kit.conditions import ConditionSet, Decision
 from airflow_deferrable_kit.errors import ErrorType, FatalError, WaitError
@@ -82,8 +83,10 @@ class Batch:
 class TopicsStream:
     """One shared stream's read of its topics through the connection's shared reader."""
 
-    def __init__(self, connection: ConnectionReader, topics: list[str], value_format: str) -> None:
+    def __init__(self, connection: ConnectionReader, topics: list[str], value_format: str, *, cap: float) -> None:
         self.connection = connection
+        #: The watcher's ``max_backoff``, the connection's reconnect cap while the stream reads.
+        self._cap = CapHold(cap)
         self.topics = list(topics)
         self.waiter = StreamWaiter(every_message(value_format), start_from="earliest", start_after_ms=None)
         self.waiter.own_pace = True  # behind the reader it always reads on a consumer of its own
@@ -103,12 +106,15 @@ class TopicsStream:
 
     # ------------------------------------------------------------------ lifecycle
     def join(self) -> None:
+        """Join the shared reader's topic readers (each once)."""
+        self._cap.hold(self.connection.gates)
         for topic in self.topics:
             if topic not in self.readers:
                 self.readers[topic] = self.waiter.readers[topic] = self.connection.join(topic)
 
     async def close(self) -> None:
         """Leave the shared reader (each topic once) and close the consumers of its own."""
+        self._cap.drop()
         self.waiter.finished = True
         for topic in list(self.waiter.attached):
             self.waiter.detach(topic)

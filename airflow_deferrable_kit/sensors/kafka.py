@@ -16,8 +16,6 @@ from typing import Any, ClassVar
 
 from airflow.sdk import Context
 
-from airflow_deferrable_kit._kafka.messages import canonical_acceptors
-from airflow_deferrable_kit._kafka.offsets import commit_offset, log_end_offsets
 from airflow_deferrable_kit._moments import to_epoch_ms
 from airflow_deferrable_kit.payload import SUCCESS
 from airflow_deferrable_kit.sensors.base import (
@@ -179,7 +177,7 @@ class KafkaMessageSensor(DeferrableSensor):
             # trigger's validation to refuse naming the argument.
             topics=[topics] if isinstance(topics, str) else list(topics) if isinstance(topics, tuple) else topics,
             kafka_conn_id=kafka_conn_id,
-            acceptors=canonical_acceptors(acceptors=acceptors, success=success, failure=failure),
+            acceptors=KafkaMessageTrigger.acceptors_from(acceptors=acceptors, success=success, failure=failure),
             predicate=predicate,
             predicate_receives=predicate_receives,
             predicate_args=list(apply_function_args)
@@ -260,7 +258,7 @@ class KafkaMessageSensor(DeferrableSensor):
             )
         else:
             try:
-                self.start_offsets = run_in_worker(log_end_offsets(self.kafka_conn_id, topics))
+                self.start_offsets = run_in_worker(KafkaMessageTrigger.log_ends(self.kafka_conn_id, topics))
             except Exception as exc:  # the wait itself reports a broker it cannot use
                 self.start_after_ms = int(time.time() * 1000)
                 self.log.warning(
@@ -288,7 +286,7 @@ class KafkaMessageSensor(DeferrableSensor):
         looked_up: list[str] = list(stored["topics"])
         new = [topic for topic in self.topics if topic not in looked_up]
         if new:
-            offsets.update(run_in_worker(log_end_offsets(self.kafka_conn_id, new)))
+            offsets.update(run_in_worker(KafkaMessageTrigger.log_ends(self.kafka_conn_id, new)))
             store.set(START_KEY, {"offsets": offsets, "topics": looked_up + new}, retention=NEVER_EXPIRE)
         self.start_offsets = {topic: offsets[topic] for topic in self.topics if topic in offsets}
         self.log.info("Starting at the first try's offsets %s", self.start_offsets)
@@ -335,7 +333,7 @@ class KafkaMessageSensor(DeferrableSensor):
         if self.commit_on_match and isinstance(result, dict) and result.get("status") == SUCCESS:
             assert self.group_id is not None
             run_in_worker(
-                commit_offset(
+                KafkaMessageTrigger.commit_match(
                     kafka_conn_id=self.kafka_conn_id,
                     group_id=self.group_id,
                     topic=result["topic"],

@@ -7,12 +7,12 @@ What makes this wait cheap and safe at scale:
   trigger (Airflow HA). Reading a group's committed offsets is read-only; committing is opt-in
   and done by the sensor after Airflow has stored the event (at-least-once).
 * **One reader per connection per triggerer process, whatever the topics.** Every waiter on a
-  connection joins the same :class:`~airflow_deferrable_kit._kafka.reader.ConnectionReader`:
+  connection joins the same shared reader (:func:`~airflow_deferrable_kit._kafka.client.open_reader`):
   one fetch consumer assigned the partitions of every topic waited on, one lookup consumer, one
   catch-up consumer, whose metadata requests name the topics waited on only. Each message is
   decoded once and handed to the waiters whose conditions can match it (an index on the values
-  the conditions compare), so 10,000 waiters on 1,000 topics cost a few consumers and CPU in
-  proportion to the message rate. Waiters whose start lies behind their topic's hand-out are
+  the conditions compare), so however many waits and topics there are, the consumers follow
+  the connections and the CPU follows the message rate. Waiters whose start lies behind their topic's hand-out are
   brought up to it together by shared catch-up passes; a waiter too slow to keep up (a slow
   predicate) leaves, catches up at its own pace and joins again, so buffers stay bounded.
 * **Nothing missed.** The default start is "every message produced after the task first
@@ -23,9 +23,11 @@ What makes this wait cheap and safe at scale:
   yields to the loop during long fan-outs and after every batch of wake-ups, and wakes a waiter
   the moment a match arrives.
 
-This module is the trigger alone: the aiokafka side is in :mod:`airflow_deferrable_kit._kafka.client`,
-the message and condition model in :mod:`airflow_deferrable_kit._kafka.messages`, and the shared
-reader in :mod:`airflow_deferrable_kit._kafka.reader`; the package's docstring
+This module is the trigger alone. It asks the Kafka client package through two doors:
+:mod:`airflow_deferrable_kit._kafka.client` (connection -> options, the shared reader, aiokafka's
+errors -> ours) and :mod:`airflow_deferrable_kit._kafka.subscription` (this wait's view of the
+shared reader, asked by verbs, on the deferred path and the poke path alike); the message and
+condition model is :mod:`airflow_deferrable_kit._kafka.messages`. The package's docstring
 (:mod:`airflow_deferrable_kit._kafka`) maps the rest of the engine.
 """
 
@@ -36,18 +38,15 @@ import dataclasses
 import datetime as dt
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from airflow_deferrable_kit._kafka.catchup import OwnPace, read_on_own
 from airflow_deferrable_kit._kafka.client import (
     classify_kafka_error,
-    describe_topics,
-    quiet_aiokafka,
-    start_consumer,
+    close_reader,
+    load_options,
+    open_reader,
 )
-from airflow_deferrable_kit._kafka.fanout import Waiter
-from airflow_deferrable_kit._kafka.gate import ConnectGates, gates_for
 from airflow_deferrable_kit._kafka.messages import (
     FAILURE,
     MATCHERS,
@@ -59,9 +58,8 @@ from airflow_deferrable_kit._kafka.messages import (
     MatchSpec,
     canonical_acceptors,
 )
-from airflow_deferrable_kit._kafka.offsets import CommittedOffsets, resolve_start
-from airflow_deferrable_kit._kafka.reader import ConnectionReader
-from airflow_deferrable_kit._kafka.settings import load_options
+from airflow_deferrable_kit._kafka.offsets import commit_offset, log_end_offsets
+from airflow_deferrable_kit._kafka.subscription import Subscription
 from airflow_deferrable_kit._moments import to_epoch_ms
 from airflow_deferrable_kit.conditions import (
     MISSING,
@@ -114,15 +112,12 @@ class KafkaMessageTrigger(PollingTrigger):
     """
 
     __slots__ = (
-        "_capped",
         "_conditions",
-        "_own_pace_consumers",
-        "_pending_topics",
         "_phased",
         "_resume",
         "_scanning",
         "_spec",
-        "_waiter",
+        "_subscription",
         "scan_cursor",
     )  # its state: see PollingTrigger.__slots__
 
@@ -145,16 +140,11 @@ class KafkaMessageTrigger(PollingTrigger):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._waiter: Waiter | None = None
-        self._pending_topics: list[str] = []
-        #: Consumers of its own, for catching up when its predicate fell behind the shared reader
-        #: (made when that first happens: most waits never need them).
-        self._own_pace_consumers: OwnPace | None = None
+        #: This wait's view of the shared reader (made at its first check; a scan makes its own).
+        self._subscription: Subscription | None = None
         self._scanning = False
         self._phased = False
         self._resume: dict[tuple[str, int], int] = {}
-        #: The connection's gates while this wait holds its ``max_backoff`` as their cap.
-        self._capped: ConnectGates | None = None
         #: After a bounded scan (the poke path): the next offset to look at per (topic, partition).
         self.scan_cursor: dict[tuple[str, int], int] = {}
 
@@ -301,19 +291,18 @@ class KafkaMessageTrigger(PollingTrigger):
         The check itself is the interruptible sleep: it returns the moment a match is delivered,
         and the base loop re-enters it at once (see :meth:`next_poll_delay`).
         """
-        quiet_aiokafka()  # this task's aiokafka lines (own-pace reads, scans) are reported by the kit
         if self._scanning:
             return await self._scan()
-        waiter = self._waiter
-        if waiter is None:
+        subscription = self._subscription
+        if subscription is None:
             if self._starts_at_its_start():  # started in the triggerer, not by Airflow (a test)
                 self.start_after_ms = int((self.started_at() or self.clock.time()) * 1000)
-            waiter = self._waiter = Waiter(self._spec, start_from=self.start_from, start_after_ms=self.start_after_ms)
-            self._pending_topics = list(self.topics)
+            subscription = self._subscription = self._subscribe()
             if self.predicate is not None:
                 await self._import_predicate()
-        if self._pending_topics:
-            await self._join(self._pending_topics)
+        if not subscription.started():
+            subscription.join(await self._shared_reader())
+            await subscription.start()
         interval = float(self.poll_interval)
         if not self._phased:
             # Waits that started together would otherwise all come back together every interval.
@@ -322,27 +311,7 @@ class KafkaMessageTrigger(PollingTrigger):
         # One alarm for every sleep of this check, on the triggerer's shared paced timers.
         budget = paced_alarm(interval)
         try:
-            while True:
-                waiter.wake.clear()
-                if waiter.queue:
-                    message, kind, decision = waiter.queue.popleft()
-                    waiter.queued_bytes -= message.size
-                    found = await self._settle(message, kind, decision)
-                    if found is not None:
-                        return found
-                    continue
-                if waiter.finished:
-                    return None
-                for reader in waiter.readers.values():
-                    if reader.fatal is not None:
-                        raise reader.fatal
-                if waiter.behind:
-                    found = await self._catch_up(next(iter(sorted(waiter.behind))))
-                    if found is not None:
-                        return found
-                    continue
-                if not await waiter.wake.wait_until(budget):
-                    return None
+            return await subscription.next_match(budget, self._settle)
         finally:
             budget.cancel()  # ended early: its turn is skipped
 
@@ -357,74 +326,24 @@ class KafkaMessageTrigger(PollingTrigger):
         except ValueError as exc:
             raise FatalError(str(exc), error_type=ErrorType.PREDICATE_ERROR) from exc
 
-    async def _join(self, topics: list[str]) -> None:
-        """Join the topics' shared readers, resolve where this wait starts, attach or fall behind.
-
-        Every topic is joined before any answer is awaited, so the connection looks them all up
-        in one batch (with every other wait's topics joined meanwhile).
-        """
-        waiter = self._waiter
-        assert waiter is not None
-        connection: ConnectionReader = await self.lease(
-            ("kafka-connection", self.kafka_conn_id),
-            functools.partial(ConnectionReader.open, self.kafka_conn_id),
-            ConnectionReader.close_reader,
+    def _subscribe(self) -> Subscription:
+        return Subscription(
+            self._spec,
+            conn_id=self.kafka_conn_id,
+            topics=self.topics,
+            start_from=self.start_from,
+            start_after_ms=self.start_after_ms,
+            start_offsets=self.start_offsets,
+            group_id=self.group_id,
+            wait_for_topic=self.wait_for_topic,
+            cap=float(self.max_backoff),
+            log=self.log,
         )
-        self._hold_cap(connection.gates)
-        for topic in topics:  # the topic readers this wait joined: each is left once when it ends
-            if topic not in waiter.readers:
-                waiter.readers[topic] = connection.join(topic)
-        while topics:
-            await self._start(topics[0])
-            topics.pop(0)
 
-    async def _start(self, topic: str) -> None:
-        waiter = self._waiter
-        assert waiter is not None
-        reader = waiter.readers[topic]
-        await reader.resolved.wait()
-        if reader.fatal is not None:
-            raise reader.fatal
-        if not reader.known:
-            if not self.wait_for_topic:
-                raise self._unknown_topic(topic)
-            self.log.info("Topic %s does not exist yet; waiting for it", topic)
-        else:
-            start = await reader.start_offsets(
-                sorted(reader.positions),
-                start_from=self.start_from,
-                start_after_ms=self.start_after_ms,
-                group_id=self.group_id,
-                fixed=self.start_offsets,
-            )
-            for tp, offset in start.items():
-                waiter.cursor.setdefault(tp, offset)
-        if not waiter.try_attach(topic):
-            self.log.info("Catching up on %s from %s", topic, {tp.partition: o for tp, o in waiter.cursor.items()})
-
-    @property
-    def _own_pace(self) -> OwnPace:
-        if self._own_pace_consumers is None:
-            self._own_pace_consumers = OwnPace(self.kafka_conn_id)
-        return self._own_pace_consumers
-
-    def _hold_cap(self, gates: ConnectGates) -> None:
-        """Cap the connection's reconnect backoff at this wait's ``max_backoff`` while it waits."""
-        if self._capped is None:
-            gates.hold_cap(float(self.max_backoff))
-            self._capped = gates
-
-    def _drop_cap(self) -> None:
-        gates, self._capped = self._capped, None
-        if gates is not None:
-            gates.drop_cap(float(self.max_backoff))
-
-    def _unknown_topic(self, topic: str) -> FatalError:
-        return FatalError(
-            f"topic {topic!r} does not exist on kafka_conn_id={self.kafka_conn_id!r} "
-            "(set wait_for_topic=True to wait for it)",
-            error_type=ErrorType.NOT_FOUND,
-        )
+    async def _shared_reader(self) -> Any:
+        """The connection's shared reader, leased for as long as this wait runs."""
+        opening = functools.partial(_open_shared_reader, self.kafka_conn_id)
+        return await self.lease(("kafka-connection", self.kafka_conn_id), opening, close_reader)
 
     async def _settle(self, message: KafkaMessage, kind: str, decision: Decision | None) -> Found | None:
         """Turn a delivered message into the outcome: run the predicate if needed, then decide."""
@@ -464,44 +383,9 @@ class KafkaMessageTrigger(PollingTrigger):
             "offsets": None if self.start_offsets is None else self.start_offsets.get(message.topic, {}),
             "group_id": self.group_id,
         }
-        if self._waiter is not None:
-            data.update(self._waiter.stats())
+        if self._subscription is not None:
+            data.update(self._subscription.stats())
         return data
-
-    # ------------------------------------------------------------------- catch-up
-    async def _catch_up(self, topic: str) -> Found | None:
-        """Get level with the topic's shared reader and join it.
-
-        Normally the reader's shared catch-up pass reads the gap (this returns at once and the
-        pass attaches the wait when it is level). A wait that fell behind because its predicate
-        could not keep up reads the gap at its own pace, with a short-lived consumer of its own.
-        """
-        waiter = self._waiter
-        assert waiter is not None
-        reader = waiter.readers[topic]
-        if reader.fatal is not None:
-            raise reader.fatal
-        if not waiter.own_pace:
-            if not waiter.try_attach(topic):
-                reader.catch_up(waiter)
-            return None
-        while True:
-            if not reader.behind(waiter) and waiter.try_attach(topic):
-                # Level with the reader, and attached in the same step (no await in between).
-                await self._own_pace.close(topic)
-                self.log.info("Caught up on %s; joined the shared reader", topic)
-                return None
-            behind = reader.behind(waiter)
-            consumer = self._own_pace.consumers.get(topic)
-            if consumer is None:
-                await self._own_pace.open(reader)
-                continue
-            found = await read_on_own(consumer, waiter, behind, self._settle)
-            if found is not None:
-                await self._own_pace.close(topic)
-                return found
-            if waiter.queue:
-                return None
 
     # ------------------------------------------------------------ bounded scan
     async def poll_once(self) -> dict[str, Any] | None:
@@ -514,75 +398,46 @@ class KafkaMessageTrigger(PollingTrigger):
         self._resume = dict(cursor)
 
     async def _scan(self) -> Found | None:
-        from aiokafka import TopicPartition
+        subscription = self._subscription = self._subscribe()
+        if self.predicate is not None:
+            await self._import_predicate()
+        return await subscription.scan(self._settle, resume=self._resume, reached=self.scan_cursor)
 
-        options = await load_options(self.kafka_conn_id)
-        gates = gates_for(self.kafka_conn_id)
-        self._hold_cap(gates)
-        try:
-            consumer = await start_consumer(options, topics=self.topics, gates=gates, metadata_max_age_ms=300_000)
-        except BaseException:
-            self._drop_cap()
-            raise
-        committed = CommittedOffsets(options, gates)
-        self._waiter = waiter = Waiter(self._spec, start_from=self.start_from, start_after_ms=self.start_after_ms)
-        try:
-            if self.predicate is not None:
-                await self._import_predicate()
-            answer = describe_topics(consumer, self.topics)
-            answer.raise_unauthorized()
-            for topic in self.topics:
-                partitions = answer.partitions.get(topic)
-                if partitions is None:
-                    if self.wait_for_topic:
-                        continue
-                    raise self._unknown_topic(topic)
-                tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-                fresh = [tp for tp in tps if (tp.topic, tp.partition) not in self._resume]
-                for tp in tps:
-                    if (tp.topic, tp.partition) in self._resume:
-                        waiter.cursor[tp] = self._resume[(tp.topic, tp.partition)]
-                waiter.cursor.update(
-                    await resolve_start(
-                        consumer,
-                        fresh,
-                        start_from=self.start_from,
-                        start_after_ms=self.start_after_ms,
-                        committed=functools.partial(committed, self.group_id) if self.group_id else None,
-                        start_offsets=self.start_offsets,
-                    )
-                )
-                ends = {tp: int(offset) for tp, offset in (await consumer.end_offsets(tps)).items()}
-                while True:
-                    behind = {tp: end for tp, end in ends.items() if waiter.cursor[tp] < end}
-                    if not behind:
-                        break
-                    found = await read_on_own(consumer, waiter, behind, self._settle)
-                    if found is not None:
-                        return found
-                self.scan_cursor.update({(tp.topic, tp.partition): waiter.cursor[tp] for tp in tps})
-            return None
-        finally:
-            self._drop_cap()
-            await consumer.stop()
-            await committed.close()
+    # --------------------------------------------------- the sensor's lookups, in the worker
+    @staticmethod
+    def acceptors_from(
+        *,
+        acceptors: Iterable[Mapping[str, Any]] | None = None,
+        success: Iterable[Mapping[str, Any]] | None = None,
+        failure: Iterable[Mapping[str, Any]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Kafka conditions (canonical, or the sensor's ``success``/``failure`` sugar) in canonical form."""
+        return canonical_acceptors(acceptors=acceptors, success=success, failure=failure)
+
+    @staticmethod
+    async def log_ends(kafka_conn_id: str, topics: list[str]) -> dict[str, dict[str, int]]:
+        """The log end offset of every partition of ``topics`` now, as ``start_offsets`` carries them.
+
+        Topics that do not exist are left out. A short-lived consumer of its own, bounded in time.
+        """
+        return await log_end_offsets(kafka_conn_id, topics)
+
+    @staticmethod
+    async def commit_match(*, kafka_conn_id: str, group_id: str, topic: str, partition: int, offset: int) -> None:
+        """Commit the matched message (``offset + 1``) to ``group_id``: the sensor's opt-in, after the event."""
+        await commit_offset(
+            kafka_conn_id=kafka_conn_id, group_id=group_id, topic=topic, partition=partition, offset=offset
+        )
 
     # ------------------------------------------------------------------- release
     async def release(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            waiter.finished = True
-            for topic in list(waiter.attached):
-                waiter.detach(topic)
-            for reader in waiter.readers.values():
-                reader.forget(waiter)
-            joined, waiter.readers = waiter.readers, {}
-            for reader in joined.values():
-                reader.connection.leave(reader)
-        if self._own_pace_consumers is not None:
-            await self._own_pace_consumers.close_all()
-        self._drop_cap()
+        if self._subscription is not None:
+            await self._subscription.leave()
         await super().release()
+
+
+async def _open_shared_reader(conn_id: str) -> Any:
+    return await open_reader(await load_options(conn_id))
 
 
 __all__ = ["KafkaMessageTrigger"]

@@ -28,7 +28,6 @@ later with ``wait_for_topic=True``, are read from their beginning.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import weakref
 from collections.abc import Mapping
@@ -36,9 +35,8 @@ from typing import Any, ClassVar, Final
 
 from airflow_deferrable_kit._arguments import take_official_name
 from airflow_deferrable_kit._event_streams import Board
-from airflow_deferrable_kit._kafka.client import quiet_aiokafka
+from airflow_deferrable_kit._kafka.consumers import quiet_aiokafka
 from airflow_deferrable_kit._kafka.messages import KafkaMessage
-from airflow_deferrable_kit._kafka.reader import ConnectionReader
 from airflow_deferrable_kit._kafka.stream import (
     Batch,
     TopicsStream,
@@ -190,19 +188,13 @@ class KafkaMessageEventTrigger(EventTrigger, KafkaMessageTrigger):
 
     async def _open_stream(self) -> TopicsStream:
         if self._stream is None:
-            connection: ConnectionReader = await self.lease(
-                ("kafka-connection", self.kafka_conn_id),
-                functools.partial(ConnectionReader.open, self.kafka_conn_id),
-                ConnectionReader.close_reader,
-            )
-            self._hold_cap(connection.gates)
-            self._stream = TopicsStream(connection, self.topics, self.value_format)
+            connection = await self._shared_reader()
+            self._stream = TopicsStream(connection, self.topics, self.value_format, cap=float(self.max_backoff))
             self._stream.join()
         return self._stream
 
     async def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
-        self._drop_cap()
         if stream is not None:
             await stream.close()
 

@@ -221,7 +221,7 @@ def test_each_client_package_maps_its_modules_and_exports_nothing(package: str) 
 def test_each_client_package_has_the_same_verbs() -> None:
     """Connection -> options is ``load_options`` in every client package, and each maps its
     library's errors to ours in one ``classify_*_error`` function."""
-    for client in ("_http.client", "_kafka.settings", "_postgres.client", "_s3.client"):
+    for client in ("_http.client", "_kafka.client", "_postgres.client", "_s3.client"):
         module = importlib.import_module(f"{PACKAGE}.{client}")
         assert callable(getattr(module, "load_options", None)), client
     for client, classify in (
@@ -231,6 +231,19 @@ def test_each_client_package_has_the_same_verbs() -> None:
         ("_s3.client", "classify_s3_error"),
     ):
         assert callable(getattr(importlib.import_module(f"{PACKAGE}.{client}"), classify, None)), client
+
+
+def test_no_sensor_module_imports_a_client_package() -> None:
+    """The worker side asks a service only through its trigger class (which imports the client
+    package): a sensor holds no knowledge of how to ask the service."""
+    asking = [
+        f"{name} imports {target}"
+        for name, targets in sorted(import_graph().items())
+        if name.split(".")[0] == "sensors"
+        for target in sorted(targets)
+        if target.split(".")[0] in CLIENT_PACKAGES
+    ]
+    assert asking == []
 
 
 def test_no_module_says_it_was_cut_for_size() -> None:

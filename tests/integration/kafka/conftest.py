@@ -184,7 +184,7 @@ async def produce_to_each(bootstrap: str, messages: Sequence[tuple[str, Message]
 async def waiting(trigger: KafkaMessageTrigger, topic: str) -> asyncio.Future[Any]:
     """Run ``trigger`` to its event in the background; return once it waits on ``topic``'s reader."""
     task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
-    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
+    await eventually(lambda: trigger._subscription is not None and topic in trigger._subscription.waiter.attached)
     return task
 
 

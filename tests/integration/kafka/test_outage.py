@@ -150,7 +150,10 @@ async def test_attempts_during_an_outage_fall_off_and_recovery_comes_within_one_
         for i in range(50)
     ]
     tasks = [asyncio.ensure_future(run_trigger(t, timeout=120)) for t in triggers]
-    await eventually(lambda: all(t._waiter is not None and t.topics[0] in t._waiter.attached for t in triggers), 30)
+    await eventually(
+        lambda: all(t._subscription is not None and t.topics[0] in t._subscription.waiter.attached for t in triggers),
+        30,
+    )
     proxy = proxied_broker.proxy
     caplog.clear()
 

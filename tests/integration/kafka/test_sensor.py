@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowRescheduleException
 
+from airflow_deferrable_kit._moments import to_epoch_ms
 from airflow_deferrable_kit.sensors.base import WaitFailedError
-from airflow_deferrable_kit.sensors.kafka import NEVER_EXPIRE, START_KEY, KafkaMessageSensor, to_epoch_ms
+from airflow_deferrable_kit.sensors.kafka import NEVER_EXPIRE, START_KEY, KafkaMessageSensor
 from airflow_deferrable_kit.testing import assert_defers, make_context, run_trigger
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
 from scripts.services import free_port
@@ -272,7 +273,7 @@ def test_a_triggerer_restart_keeps_the_offsets_of_the_first_deferral(
 
     async def until_the_triggerer_stops(running: KafkaMessageTrigger) -> None:
         wait = asyncio.ensure_future(run_trigger(running, timeout=20))
-        await eventually(lambda: running._waiter is not None and topic in running._waiter.attached)
+        await eventually(lambda: running._subscription is not None and topic in running._subscription.waiter.attached)
         wait.cancel()
         await asyncio.gather(wait, return_exceptions=True)
 

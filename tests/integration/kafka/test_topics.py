@@ -64,7 +64,7 @@ def metadata_answers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 
 def all_waiting(triggers: list[Any]) -> bool:
-    return all(t._waiter is not None and set(t.topics) <= set(t._waiter.attached) for t in triggers)
+    return all(t._subscription is not None and set(t.topics) <= set(t._subscription.waiter.attached) for t in triggers)
 
 
 async def test_waits_on_hundreds_of_topics_share_one_fetch_consumer_on_a_crowded_broker(
@@ -112,7 +112,7 @@ async def test_one_waits_unknown_topic_fails_only_that_wait(bootstrap: str, kafk
     failed_too = (await tasks[2]).payload
     assert failed["status"] == failed_too["status"] == "error"
     assert failed["error_type"] == failed_too["error_type"] == "not_found"
-    await eventually(lambda: fine._waiter is not None and topic in fine._waiter.attached)
+    await eventually(lambda: fine._subscription is not None and topic in fine._subscription.waiter.attached)
     placed = await produce(bootstrap, topic, Message({"n": 1}, key="k"))
     payload = (await tasks[1]).payload
     assert payload["status"] == "success" and (payload["partition"], payload["offset"]) == placed[0]
@@ -160,7 +160,7 @@ async def test_cancelling_a_thousand_waits_leaves_nothing_within_a_second(
     start_from = "earliest" if layout == "catching up" else "timestamp"
     triggers = [make(name, crowded_conn, start_from=start_from, acceptors=[key_is("never")]) for name in names]
     tasks = [asyncio.ensure_future(run_trigger(t, timeout=120)) for t in triggers]
-    await eventually(lambda: all(t._waiter is not None and t._waiter.readers for t in triggers), 60)
+    await eventually(lambda: all(t._subscription is not None and t._subscription.waiter.readers for t in triggers), 60)
     connection = connection_for(crowded_conn)
     await eventually(lambda: all(reader.resolved.is_set() for reader in connection.topics.values()), 60)
     if layout == "catching up":

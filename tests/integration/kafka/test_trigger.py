@@ -48,7 +48,7 @@ from tests.integration.kafka.conftest import (
 async def test_matches_by_key_on_a_message_produced_while_waiting(bootstrap: str, kafka_conn: str, topic: str) -> None:
     trigger = make(topic, kafka_conn, acceptors=[key_is("batch-42")])
     task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
-    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
+    await eventually(lambda: trigger._subscription is not None and topic in trigger._subscription.waiter.attached)
     placed = await produce(
         bootstrap,
         topic,
@@ -110,7 +110,9 @@ async def test_matches_header_and_text_value(bootstrap: str, kafka_conn: str, to
         topic, kafka_conn, value_format="text", acceptors=[{"state": "success", "matcher": "value", "expected": "DONE"}]
     )
     tasks = [asyncio.ensure_future(run_trigger(t, timeout=20)) for t in (header, text)]
-    await eventually(lambda: all(t._waiter is not None and topic in t._waiter.attached for t in (header, text)))
+    await eventually(
+        lambda: all(t._subscription is not None and topic in t._subscription.waiter.attached for t in (header, text))
+    )
     await produce(
         bootstrap,
         topic,
@@ -351,7 +353,7 @@ async def test_malformed_messages_are_counted_on_the_shared_reader_too(
 ) -> None:
     trigger = make(topic, kafka_conn, acceptors=[key_is("k")])
     task = asyncio.ensure_future(run_trigger(trigger, timeout=20))
-    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
+    await eventually(lambda: trigger._subscription is not None and topic in trigger._subscription.waiter.attached)
     await produce(
         bootstrap,
         topic,
@@ -458,7 +460,9 @@ async def test_two_hundred_waiters_share_one_reader(
     await get_connection(kafka_conn)
     with watch_blocking(0.2) as blocked:
         tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in triggers]
-        await eventually(lambda: all(t._waiter is not None and topic in t._waiter.attached for t in triggers), 30)
+        await eventually(
+            lambda: all(t._subscription is not None and topic in t._subscription.waiter.attached for t in triggers), 30
+        )
         reader = reader_for(kafka_conn, topic)
         sockets_waiting = await asyncio.to_thread(broker_sockets, kafka_broker.port)
         placed = await produce_elsewhere(
@@ -481,16 +485,16 @@ async def test_two_hundred_waiters_share_one_reader(
 async def test_a_waiter_behind_the_reader_catches_up_then_joins(bootstrap: str, kafka_conn: str, topic: str) -> None:
     live = make(topic, kafka_conn, acceptors=[key_is("never")])
     live_task = asyncio.ensure_future(run_trigger(live, timeout=30))
-    await eventually(lambda: live._waiter is not None and topic in live._waiter.attached)
+    await eventually(lambda: live._subscription is not None and topic in live._subscription.waiter.attached)
     start = int(time.time() * 1000)
     await produce(bootstrap, topic, *[Message({"n": n}, key=f"k{n}") for n in range(30)])
     reader = reader_for(kafka_conn, topic)
     await eventually(lambda: sum(reader.positions.values()) >= 30)
     late = make(topic, kafka_conn, start_after_ms=start, acceptors=[key_is("k40")])
     late_task = asyncio.ensure_future(run_trigger(late, timeout=30))
-    await eventually(lambda: late._waiter is not None and late._waiter.attached.get(topic) is reader)
-    assert late._waiter.counts["examined"] == 30  # the gap, read by a catch-up pass
-    assert reader.passes == 1 and late._own_pace.consumers == {}  # shared, not a consumer of its own
+    await eventually(lambda: late._subscription is not None and late._subscription.waiter.attached.get(topic) is reader)
+    assert late._subscription.waiter.counts["examined"] == 30  # the gap, read by a catch-up pass
+    assert reader.passes == 1 and late._subscription.own_pace.consumers == {}  # shared, not a consumer of its own
     placed = await produce(bootstrap, topic, Message({"n": 40}, key="k40"))
     payload = (await late_task).payload
     assert (payload["partition"], payload["offset"]) == placed[0]
@@ -510,7 +514,7 @@ async def test_many_late_waiters_share_one_catch_up_read(
     await get_connection(kafka_conn)
     live = make(topic, kafka_conn, acceptors=[key_is("never")])
     live_task = asyncio.ensure_future(run_trigger(live, timeout=60))
-    await eventually(lambda: live._waiter is not None and topic in live._waiter.attached)
+    await eventually(lambda: live._subscription is not None and topic in live._subscription.waiter.attached)
     reader = reader_for(kafka_conn, topic)
     lookups_before = reader.connection.lookups.batches
     start = int(time.time() * 1000)
@@ -523,7 +527,9 @@ async def test_many_late_waiters_share_one_catch_up_read(
     with watch_blocking(0.2) as blocked:
         tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in late]
         await eventually(
-            lambda: all(t._waiter is not None and t._waiter.attached.get(topic) is reader for t in late[30:])
+            lambda: all(
+                t._subscription is not None and t._subscription.waiter.attached.get(topic) is reader for t in late[30:]
+            )
         )
         fresh = await produce_elsewhere(
             bootstrap, topic, *[Message({"n": i}, key=f"k{i}", partition=0) for i in range(30, n)]
@@ -547,7 +553,7 @@ async def test_cancelling_late_waiters_mid_catch_up_releases_everything(
     await produce(bootstrap, topic, *[Message({"n": n}) for n in range(200)])
     waiters = [make(topic, kafka_conn, start_from="earliest", acceptors=[key_is("never")]) for _ in range(50)]
     tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in waiters]
-    await eventually(lambda: any(t._waiter is not None and t._waiter.readers for t in waiters))
+    await eventually(lambda: any(t._subscription is not None and t._subscription.waiter.readers for t in waiters))
     reader = reader_for(kafka_conn, topic)
     await eventually(lambda: reader.passes >= 1)
     for task in tasks:
@@ -588,14 +594,14 @@ async def test_a_slow_predicate_waiter_falls_behind_and_still_finds_its_match(
     monkeypatch.setattr(kafka_settings, "WAITER_QUEUE_MESSAGES", 5)
     trigger = make(topic, kafka_conn, predicate="tests.integration.kafka.predicates:slow_is_last")
     task = asyncio.ensure_future(run_trigger(trigger, timeout=30))
-    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
+    await eventually(lambda: trigger._subscription is not None and topic in trigger._subscription.waiter.attached)
     placed = await produce(
         bootstrap, topic, *[Message({"n": n}, partition=0) for n in range(60)], Message({"last": True}, partition=0)
     )
     payload = (await task).payload
     assert (payload["partition"], payload["offset"]) == placed[-1]
-    assert trigger._waiter is not None and trigger._waiter.counts["fell_behind"] >= 1
-    assert len(trigger._waiter.queue) <= 5
+    assert trigger._subscription is not None and trigger._subscription.waiter.counts["fell_behind"] >= 1
+    assert len(trigger._subscription.waiter.queue) <= 5
 
 
 async def test_two_triggerers_running_the_same_trigger_leave_no_trace(
@@ -615,7 +621,9 @@ async def test_two_triggerers_running_the_same_trigger_leave_no_trace(
     first = make(topic, kafka_conn, acceptors=[key_is("k")])
     second = KafkaMessageTrigger(**first.serialize()[1])
     tasks = [asyncio.ensure_future(run_trigger(t, timeout=20)) for t in (first, second)]
-    await eventually(lambda: all(t._waiter is not None and topic in t._waiter.attached for t in (first, second)))
+    await eventually(
+        lambda: all(t._subscription is not None and topic in t._subscription.waiter.attached for t in (first, second))
+    )
     await produce(bootstrap, topic, Message({"n": 1}, key="k"))
     a, b = (t.payload for t in await asyncio.gather(*tasks))
     assert (a["partition"], a["offset"]) == (b["partition"], b["offset"])
@@ -631,7 +639,7 @@ async def test_broker_restart_mid_wait_resumes_from_the_last_position(
     name = await create_topic(bootstrap, unique("restart"), partitions=1)
     trigger = make(name, conn, acceptors=[key_is("after")], poll_interval=0.2)
     task = asyncio.ensure_future(run_trigger(trigger, timeout=60))
-    await eventually(lambda: trigger._waiter is not None and name in trigger._waiter.attached)
+    await eventually(lambda: trigger._subscription is not None and name in trigger._subscription.waiter.attached)
     await produce(bootstrap, name, *[Message({"n": n}, key="before") for n in range(3)])
     reader = reader_for(conn, name)
     await eventually(lambda: sum(reader.positions.values()) == 3)
@@ -662,7 +670,9 @@ async def test_waiters_that_must_see_every_message_never_block_the_loop(
     ]
     with watch_blocking(0.2) as blocked:
         tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in waiters]
-        await eventually(lambda: all(t._waiter is not None and topic in t._waiter.attached for t in waiters), 30)
+        await eventually(
+            lambda: all(t._subscription is not None and topic in t._subscription.waiter.attached for t in waiters), 30
+        )
         reader = reader_for(kafka_conn, topic)
         await produce_elsewhere(bootstrap, topic, *[Message({"n": n}, partition=0) for n in range(1000)])
         await produce_elsewhere(bootstrap, topic, Message({f"f{i}": True for i in range(50)}, partition=0))
@@ -679,7 +689,7 @@ async def test_cancelling_a_wait_releases_its_consumers(
     trigger = make(topic, kafka_conn, start_from="earliest", acceptors=[key_is("never")])
     await produce(bootstrap, topic, *[Message({"n": n}) for n in range(5)])
     task = asyncio.ensure_future(run_trigger(trigger, timeout=60))
-    await eventually(lambda: trigger._waiter is not None and topic in trigger._waiter.attached)
+    await eventually(lambda: trigger._subscription is not None and topic in trigger._subscription.waiter.attached)
     assert await asyncio.to_thread(broker_sockets, kafka_broker.port) >= 1
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from aiokafka import errors
 
-from airflow_deferrable_kit._kafka.client import classify_kafka_error
-from airflow_deferrable_kit._kafka.settings import options_from_connection
+from airflow_deferrable_kit._kafka.consumers import classify_kafka_error
+from airflow_deferrable_kit._kafka.settings import KafkaOptions, options_from_connection
 from airflow_deferrable_kit.errors import FatalError, TransientError
 
 
@@ -43,6 +43,29 @@ def test_connection_maps_to_aiokafka_settings_without_leaking_the_secret() -> No
         "password": None,
         "check_hostname": False,
     }
+
+
+def test_options_are_frozen_hashable_keywords_with_no_secret_in_their_repr() -> None:
+    options = KafkaOptions(
+        conn_id="k",
+        bootstrap_servers=("b1:9093",),
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="svc",
+        sasl_plain_password="pw-secret",
+    )
+    assert dict(options) == {
+        "bootstrap_servers": ["b1:9093"],
+        "security_protocol": "SASL_PLAINTEXT",
+        "client_id": "airflow-deferrable-kit",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "svc",
+        "sasl_plain_password": "pw-secret",
+    }
+    assert "pw-secret" not in repr(options) and "pw-secret" not in str(options)
+    assert {options: 1}[KafkaOptions(**{**vars(options)})] == 1  # equal options, one key
+    with pytest.raises(AttributeError):
+        options.sasl_plain_password = "other"  # type: ignore[misc]
 
 
 def test_connection_extra_credentials_win_and_host_port_work() -> None:

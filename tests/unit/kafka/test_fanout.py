@@ -11,7 +11,8 @@ import pytest
 from aiokafka import TopicPartition
 
 from airflow_deferrable_kit._kafka import settings as kafka_settings
-from airflow_deferrable_kit._kafka.fanout import CatchUpPass, TopicReader, Waiter
+from airflow_deferrable_kit._kafka.catchup import CatchUpPass
+from airflow_deferrable_kit._kafka.fanout import TopicReader, Waiter
 from airflow_deferrable_kit._kafka.messages import canonical_acceptors
 from airflow_deferrable_kit._kafka.reader import ConnectionReader
 from tests.unit.kafka.fakes import record, spec

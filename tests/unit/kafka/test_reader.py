@@ -16,7 +16,7 @@ from airflow_deferrable_kit._kafka import catchup as _kafka_catchup
 from airflow_deferrable_kit._kafka import reader as _kafka_reader
 from airflow_deferrable_kit._kafka import settings as kafka_settings
 from airflow_deferrable_kit._kafka.catchup import read_on_own
-from airflow_deferrable_kit._kafka.client import TopicsAnswer
+from airflow_deferrable_kit._kafka.consumers import TopicsAnswer
 from airflow_deferrable_kit._kafka.fanout import TopicReader, Waiter
 from airflow_deferrable_kit._kafka.messages import KafkaMessage, canonical_acceptors
 from airflow_deferrable_kit._kafka.reader import ConnectionReader

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aiokafka import errors
 
-from airflow_deferrable_kit._kafka.client import classify_kafka_error
+from airflow_deferrable_kit._kafka.consumers import classify_kafka_error
 from airflow_deferrable_kit._kafka.messages import canonical_acceptors
 from airflow_deferrable_kit.errors import FatalError, TransientError
 from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
