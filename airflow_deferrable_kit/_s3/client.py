@@ -13,7 +13,7 @@
 * The last section fences every use of aiobotocore's and botocore's private API, each with why.
 
 The client is polled through :class:`airflow_deferrable_kit._s3.poller.S3Poller`, whose HEADs
-and listing pages take the direct path of :mod:`airflow_deferrable_kit._s3.requests`.
+and listing pages take the direct path of :mod:`airflow_deferrable_kit._s3.signed`.
 """
 
 from __future__ import annotations
@@ -484,8 +484,8 @@ def classify_s3_error(exc: BaseException, *, what: str, where: str) -> WaitError
 # ------------------------------------------------------------------ private API, fenced
 # Every use of aiobotocore's or botocore's private API is one of the functions below, and each
 # says why the public API does not do. Checked against aiobotocore 3.10.0 on botocore 1.43.117;
-# re-read them after upgrading either. tests/s3/test_requests.py compares the requests they
-# make with botocore's own, and tests/s3/test_client.py builds clients through them.
+# re-read them after upgrading either. tests/integration/s3/test_signed.py compares the requests they
+# make with botocore's own, and tests/integration/s3/test_client.py builds clients through them.
 
 #: ``signature_version`` settings under which S3 requests are signed with plain SigV4.
 _SIGV4_SETTINGS: Final = (None, "v4", "s3v4")

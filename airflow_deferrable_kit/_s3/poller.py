@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from airflow_deferrable_kit._s3.client import S3Settings, classify_s3_error, open_client, retry_after_of
 from airflow_deferrable_kit._s3.key_groups import MAX_LISTING_PAGES, KeyGroup, KeyGroups
-from airflow_deferrable_kit._s3.requests import DirectRequests
+from airflow_deferrable_kit._s3.signed import DirectRequests
 from airflow_deferrable_kit._shared_polls import REUSE_MAX as LISTING_REUSE_MAX
 from airflow_deferrable_kit._shared_polls import SharedAnswers
 from airflow_deferrable_kit._shared_polls import reuse_window as listing_reuse_window

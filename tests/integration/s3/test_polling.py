@@ -1,7 +1,7 @@
 """How the S3 waits poll through the one poller of their connection: listings shared by the waits
 on one prefix, one bucket check for many waits, and patterns matched against a shared listing.
 Requests are counted by the fault proxy in front of the real S3 API server. The direct requests
-themselves are tested in test_requests.py."""
+themselves are tested in test_signed.py."""
 
 from __future__ import annotations
 
