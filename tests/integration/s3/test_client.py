@@ -329,14 +329,14 @@ async def test_many_triggers_share_one_client(
     admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str, make_conn: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     created: list[Any] = []
-    real_create = s3_poller.open_client
+    real_create = s3_poller.new_client
 
     async def counting_create(settings: Any) -> Any:
         client = await real_create(settings)
         created.append(settings.conn_id)
         return client
 
-    monkeypatch.setattr(s3_poller, "open_client", counting_create)
+    monkeypatch.setattr(s3_poller, "new_client", counting_create)
     other_conn = make_conn(proxy.url, conn_id="s3_test_other")
     n = 50
     triggers = [
