@@ -3,12 +3,12 @@
 * :func:`load_options` reads an Airflow ``aws`` connection, inside the triggerer, so no
   secret ever travels in trigger kwargs.
 * :func:`new_client` builds the client off the loop. Building an aiobotocore client is mostly
-  synchronous work: importing botocore (~0.3 s), parsing its JSON models (``endpoints.json``
-  alone is 1.2 MB), reading ``~/.aws`` files and, for the default credential chain, asking the
-  instance metadata service. All of it, and the assembly of the client itself (~50 ms of CPU),
-  runs in one long-lived builder thread, once per shared client; the models are parsed once per
-  process into one loader that every client reuses. The event loop only receives the finished
-  client.
+  synchronous work: importing botocore, parsing its JSON models (``endpoints.json`` alone is
+  over a megabyte), reading ``~/.aws`` files and, for the default credential chain, asking the
+  instance metadata service. All of it, and the assembly of the client itself (tens of
+  milliseconds of CPU; figures in docs/benchmarks.md), runs in one long-lived builder thread,
+  once per shared client; the models are parsed once per process into one loader that every
+  client reuses. The event loop only receives the finished client.
 * :func:`classify_s3_error` is the one place botocore's exceptions become transient or fatal.
 * The last section fences every use of aiobotocore's and botocore's private API, each with why.
 
@@ -169,7 +169,7 @@ async def load_options(aws_conn_id: str | None) -> S3Options:
 
     Each wait reads its connection once per run, so a rotated key reaches the next wait; waits
     whose reads come out equal then keep one :class:`S3Options` (its strings and lease key
-    included) instead of one each: about 0.3 KB less per waiting trigger, 3 MB at 10,000.
+    included) instead of one each, a copy less per waiting trigger (docs/benchmarks.md).
     """
     if aws_conn_id is None:
         return _shared(S3Options(conn_id=None))
@@ -187,8 +187,8 @@ async def load_options(aws_conn_id: str | None) -> S3Options:
 class _GilFriendlyJSONFileLoader:
     """botocore's JSON file loader, parsing with the pure-Python scanner.
 
-    The C parser holds the GIL for a whole file (~50 ms for ``endpoints.json``), which stalls
-    the event loop even from a worker thread. The Python scanner yields the GIL every few
+    The C parser holds the GIL for a whole file (tens of milliseconds for ``endpoints.json``),
+    which stalls the event loop even from a worker thread. The Python scanner yields the GIL every few
     milliseconds; it is slower, but it runs once per process, in a thread.
     """
 
@@ -204,8 +204,8 @@ class _GilFriendlyJSONFileLoader:
                 with opener(path, "rb") as handle:
                     text = handle.read().decode("utf-8")
                 # Plain dicts, where botocore's own loader makes OrderedDicts: the same order
-                # (dicts keep it), and the parsed S3 model and endpoint data take ~7.5 MB
-                # instead of ~11.9 MB, once per process.
+                # (dicts keep it), and the parsed S3 model and endpoint data take about a third
+                # less memory, once per process (docs/benchmarks.md).
                 decoder = json.JSONDecoder()
                 # CPython's pure-Python scanner (json.scanner.py_make_scanner, outside its __all__).
                 decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
@@ -239,8 +239,8 @@ def _build_client(settings: S3Options) -> Any:
 
     Imports aiobotocore, makes a session that shares the process-wide loader, reads the
     ``~/.aws`` files, resolves the default credential chain if the connection has no keys
-    (file reads and instance-metadata HTTP) and assembles the client (~50 ms of CPU: endpoint
-    rules, operation methods, handler copies), on a private event loop in this thread.
+    (file reads and instance-metadata HTTP) and assembles the client (endpoint rules, operation
+    methods, handler copies: the costly part), on a private event loop in this thread.
 
     Building binds nothing to that loop (asyncio locks bind lazily, on first contention), so the
     trigger's loop can use the client. It is *entered* there, because aiobotocore versions

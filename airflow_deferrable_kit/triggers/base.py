@@ -147,7 +147,8 @@ class PollingTrigger(BaseTrigger):
 
     #: Per-wait state in slots, not in the instance dict. CPython (3.11 to 3.13) shares one key
     #: table among the dicts of a class's instances only while they hold fewer than about 27
-    #: names; past that every instance carries a table of its own (1.5 KB instead of ~0.3 KB).
+    #: names; past that every instance carries a table of its own, several times larger
+    #: (docs/benchmarks.md).
     #: With the names below in slots the dict holds the parameters alone: the base's own state
     #: (``_deadline_*``, ``_last_error``, ``_leases``, ``_metrics``) and what Airflow's
     #: ``BaseTrigger`` and trigger runner set on every trigger (the rest). A subclass keeps its

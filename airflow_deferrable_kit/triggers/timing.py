@@ -204,13 +204,12 @@ class DeadlineGuard:
 
     ``asyncio.timeout`` around every check costs a timer handle and a copied context per poll,
     and the cancelled handle of a deadline days away stays in the loop's heap until the heap is
-    rebuilt: at 10,000 waits that was two to three timers alive per wait, the largest part of
-    what a waiting Kafka wait kept beyond Airflow's own objects. The guard sets one timer at the
-    deadline and sets it again only when the loop's clock and the wall clock disagree by more
-    than :data:`DEADLINE_DRIFT_SECONDS`. When it fires during a check it cancels the wait's task
-    there, as ``asyncio.timeout`` would, and the check is abandoned; outside a check it does
-    nothing (the sleep between polls already ends at the deadline). It never fires early: a timer
-    that comes due before the wall clock's deadline is set again for what is left.
+    rebuilt, so a waiting wait kept several timers alive (docs/benchmarks.md). The guard sets one
+    timer at the deadline and sets it again only when the loop's clock and the wall clock
+    disagree by more than :data:`DEADLINE_DRIFT_SECONDS`. When it fires during a check it cancels
+    the wait's task there, as ``asyncio.timeout`` would, and the check is abandoned; outside a
+    check it does nothing (the sleep between polls already ends at the deadline). It never fires
+    early: a timer that comes due before the wall clock's deadline is set again for what is left.
     """
 
     __slots__ = ("_cancelled", "_handle", "_task", "_trigger")
