@@ -36,7 +36,7 @@ _MORE_TRIGGER_MODULES: dict[str, tuple[str, ...]] = {
     "postgres": ("postgres_events",),
     "http": ("http_events", "http_jobs"),
     "kafka": ("kafka_events",),
-    "base": ("events", "official_events"),
+    "base": ("events", "official_events", "subclassing", "timing"),
 }
 
 # Integrations that also have an operator module under operators/ (one that starts remote work).

@@ -85,13 +85,13 @@ async def measure(endpoint: str, heads: int) -> dict[str, Any]:
     import aiohttp
     from botocore.awsrequest import AWSRequest
 
-    from airflow_deferrable_kit._s3.client import S3Settings, open_client
+    from airflow_deferrable_kit._s3.client import S3Options, new_client
     from airflow_deferrable_kit._s3.poller import S3Poller
 
-    settings = S3Settings(
+    settings = S3Options(
         conn_id="bench", region_name="us-east-1", endpoint_url=endpoint, access_key_id="k", secret_access_key="s"
     )
-    client = await open_client(settings)
+    client = await new_client(settings)
     await client.create_bucket(Bucket=BUCKET)
     poller = S3Poller(client)
     await poller.head_object(BUCKET, "warm/data.csv")  # the route, resolved once

@@ -1,16 +1,18 @@
-"""The aiohttp side of the HTTP wait: connection -> request settings, one shared session, responses, errors.
+"""The door to aiohttp for the HTTP waits: connection -> options, one shared session, errors.
 
 * :func:`load_options` reads an Airflow ``http`` connection inside the triggerer and turns it
-  into a :class:`Target`: base URL, headers (extras and ``Authorization``), proxy and TLS. The
-  trigger kwargs carry only the connection id, never a credential.
+  into frozen :class:`HttpOptions`: base URL, headers (extras and ``Authorization``), proxy and
+  TLS. The trigger kwargs carry only the connection id, never a credential.
 * :func:`open_session` builds the one pooled keep-alive ``ClientSession`` every HTTP trigger of a
-  process leases under :data:`SESSION_KEY` (see :mod:`airflow_deferrable_kit.clients`); a
-  connection's credentials are applied per request, so waits on unrelated connections share it.
-* :func:`send` makes one request and returns a :class:`Response`, read up to a byte cap and
-  released back to the pool before anything is evaluated; :func:`send_shared` lets identical
-  requests (:func:`request_identity`) sent within a short window share one response.
+  process leases under :data:`SESSION_KEY` (``options.lease_key``, see
+  :mod:`airflow_deferrable_kit.clients`); a connection's credentials are applied per request, so
+  waits on unrelated connections share it.
+* :meth:`HttpOptions.at` and :func:`keeps_credentials` keep a connection's credentials to its own
+  origin, for a URL a server hands out and for a redirect
+  (:mod:`airflow_deferrable_kit._http.responses` sends the requests).
 * :func:`classify_aiohttp_error` is the one place aiohttp's exceptions become our transient or
-  fatal errors; :func:`is_transient_status` says which HTTP statuses are worth retrying.
+  fatal errors; :func:`is_transient_status` says which HTTP statuses are worth retrying and
+  :func:`status_error_type` what kind of error an error status is.
 
 aiohttp's public API is all this module uses (no private attribute is touched). ``aiohttp`` (and
 ``yarl``, which ships with it) is imported lazily, and the first time off the event loop, so this
@@ -22,30 +24,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import datetime as dt
-import email.utils
-import functools
 import importlib
-import json
-import re
 import ssl
 import sys
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import is_sensitive_key, redact_url
 from airflow_deferrable_kit._redact import register as register_secret
-from airflow_deferrable_kit._shared_polls import SharedAnswers
 from airflow_deferrable_kit._tls import TlsFiles, build_ssl_context
 from airflow_deferrable_kit.connections import get_connection, get_extra
 from airflow_deferrable_kit.errors import ErrorType, FatalError, TransientError, WaitError
-from airflow_deferrable_kit.payload import truncate_text
 
 if TYPE_CHECKING:
     import aiohttp
-    from aiohttp import CookieJar
     from airflow.sdk import Connection
     from yarl import URL
 
@@ -76,14 +68,6 @@ AUTH_TYPES: Final = {
 
 #: Statuses that are worth retrying (besides every 5xx) when no acceptor decided.
 TRANSIENT_STATUSES: Final = frozenset({408, 429})
-#: A Retry-After above this is read as this, so a misbehaving server cannot park a wait for days.
-MAX_RETRY_AFTER: Final = 3600.0
-#: Bodies above this are parsed as JSON in a worker thread instead of on the event loop.
-THREAD_PARSE_BYTES: Final = 256 * 1024
-#: Redirects followed per request: requests' ``Session.max_redirects``, which the official
-#: ``HttpSensor`` follows with.
-MAX_REDIRECTS: Final = 30
-REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 #: Headers dropped, besides every connection header that carries a credential, when a redirect
 #: leaves the origin (requests drops ``Authorization`` and ``Cookie``; the kit drops the
 #: connection's key headers too, such as ``X-Api-Key``).
@@ -100,11 +84,13 @@ async def _import_aiohttp() -> Any:
     return module
 
 
-async def open_session() -> aiohttp.ClientSession:
+async def open_session(options: HttpOptions) -> aiohttp.ClientSession:
     """The process-wide session: pooled keep-alive connections, no cookies, no environment.
 
-    No cookie jar because the session is shared by triggers of unrelated connections; no
-    ``trust_env`` because that reads ``~/.netrc`` from disk on requests.
+    One session serves every connection (``options.lease_key`` is the same for all): what
+    ``options`` say is applied per request. No cookie jar because the session is shared by
+    triggers of unrelated connections; no ``trust_env`` because that reads ``~/.netrc`` from disk
+    on requests.
     """
     aiohttp = await _import_aiohttp()
     connector = aiohttp.TCPConnector(
@@ -279,13 +265,25 @@ def _query_items(query: Mapping[str, Any]) -> list[tuple[str, str | int | float]
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
-    """Everything a request needs from the connection, resolved once per trigger in the triggerer."""
+class HttpOptions:
+    """Everything a request needs from the connection, resolved once per trigger in the triggerer.
+
+    The headers (credentials among them) and the proxy URL (which may carry some) stay out of
+    ``repr``.
+    """
 
     base: URL
-    headers: Mapping[str, str]
+    headers: Mapping[str, str] = dataclasses.field(repr=False)
     ssl: bool | ssl.SSLContext
-    proxy: str | None = None
+    proxy: str | None = dataclasses.field(default=None, repr=False)
+
+    def __hash__(self) -> int:
+        return hash((self.base, tuple(sorted(self.headers.items())), self.ssl, self.proxy))
+
+    @property
+    def lease_key(self) -> tuple[str]:
+        """The shared session's key: the same for every connection (see :func:`open_session`)."""
+        return SESSION_KEY
 
     def url(self, endpoint: str, query: Mapping[str, Any] | None) -> URL:
         from yarl import URL
@@ -298,7 +296,7 @@ class Target:
             url = url.extend_query(_query_items(query))
         return url
 
-    def at(self, link: str, query: Mapping[str, Any] | None = None) -> tuple[Target, URL]:
+    def at(self, link: str, query: Mapping[str, Any] | None = None) -> tuple[HttpOptions, URL]:
         """The target and URL for ``link``: a path under the base URL, or an absolute URL a
         server handed out (a job's ``Location``, a result's next page).
 
@@ -321,16 +319,17 @@ class Target:
             url = url.extend_query(_query_items(query))
         if keeps_credentials(self.base, url):
             return self, url
-        headers = {name: value for name, value in self.headers.items() if not _origin_only(name)}
+        headers = {name: value for name, value in self.headers.items() if not origin_only(name)}
         return dataclasses.replace(self, headers=headers), url
 
-    def with_headers(self, headers: Mapping[str, str]) -> Target:
+    def with_headers(self, headers: Mapping[str, str]) -> HttpOptions:
         """This target sending ``headers`` too (a request's own, such as an idempotency key)."""
         return dataclasses.replace(self, headers={**self.headers, **headers})
 
 
-async def load_options(conn_id: str) -> Target:
-    """Read the connection asynchronously and turn it into a :class:`Target`."""
+async def load_options(conn_id: str) -> HttpOptions:
+    """Read the connection asynchronously and turn it into :class:`HttpOptions`."""
+    await _import_aiohttp()  # and yarl with it, off the loop
     from yarl import URL
 
     conn = await get_connection(conn_id, argument="http_conn_id", conn_types=("http", "https"))
@@ -344,198 +343,7 @@ async def load_options(conn_id: str) -> Target:
             login, password = in_host.user, in_host.password if in_host.password is not None else password
     headers = connection_headers(extra, login=login, password=password)
     verify = extra.get("verify", extra.get("verify_ssl"))
-    return Target(base=base, headers=headers, ssl=await _ssl_for(verify), proxy=proxy_for(extra, base.scheme))
-
-
-# ------------------------------------------------------------------- requests and responses
-#: What :meth:`Response.document` returns instead of a JSON value, and why.
-NOT_JSON: Final = object()
-TOO_LARGE: Final = object()
-
-
-@dataclasses.dataclass
-class Response:
-    """One HTTP response, read (capped) and released back to the pool."""
-
-    status: int
-    reason: str
-    headers: Mapping[str, str]
-    body: bytes
-    truncated: bool
-    charset: str | None
-    #: Where the answer came from, and how many redirects led there (0: the URL asked).
-    url: URL | None = None
-    redirects: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    @functools.cached_property
-    def decoded(self) -> str:
-        """The body as text (charset from the response, else UTF-8; undecodable bytes replaced)."""
-        try:
-            return self.body.decode(self.charset or "utf-8", errors="replace")
-        except LookupError:
-            return self.body.decode("utf-8", errors="replace")
-
-    def excerpt(self, limit: int) -> str:
-        text = truncate_text(self.decoded, limit)
-        if self.truncated:
-            text += " [body larger than max_body_bytes; not read to the end]"
-        return text
-
-    async def document(self) -> Any:
-        """The body as JSON, or a sentinel saying why not (parsed off the loop when large)."""
-        if self.truncated:
-            return TOO_LARGE
-        if not self.body.strip():
-            return NOT_JSON
-        try:
-            if len(self.body) > THREAD_PARSE_BYTES:
-                return await asyncio.to_thread(json.loads, self.body)
-            return json.loads(self.body)
-        except (ValueError, UnicodeDecodeError):
-            return NOT_JSON
-
-
-async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
-    """Read at most ``limit`` bytes of the body; say whether there was more."""
-    buf = bytearray()
-    while len(buf) <= limit:
-        chunk = await resp.content.read(limit + 1 - len(buf))
-        if not chunk:
-            break
-        buf += chunk
-    truncated = len(buf) > limit
-    return bytes(buf[:limit]), truncated
-
-
-async def send(
-    session: aiohttp.ClientSession,
-    target: Target,
-    method: str,
-    url: URL,
-    *,
-    json_body: Any,
-    timeout: float,
-    max_body_bytes: int,
-    data: str | bytes | None = None,
-) -> Response:
-    """One request with the connection's headers, TLS and proxy, following redirects as
-    ``requests`` does for the official ``HttpSensor``.
-
-    The body is ``json_body`` as JSON, or ``data`` as it is (text or bytes), or none.
-
-    Up to :data:`MAX_REDIRECTS` hops, each with requests' rules (``Session.resolve_redirects``):
-    the method of :func:`redirected_method` (302 and 303 make every method but HEAD a GET, 301
-    makes a POST a GET), the body dropped on every redirect but 307 and 308, and the cookies
-    the hops set sent on the hops after them (a jar of this request's own, never the session's:
-    a login gateway that sets its session cookie on a redirect is passed, and no cookie outlives
-    the request or reaches another wait). A redirect to a URL of another scheme (``ftp:``,
-    ``file:``) is a fatal :func:`non_http_redirect`. A hop that leaves the origin (another host,
-    port or scheme; http -> https on the same host keeps it) drops the connection's
-    credentials: ``Authorization``, its cookies and every credential header of the connection,
-    so they never reach a host the connection does not name (the jar's cookies follow their own
-    domain rules). ``timeout`` covers the whole request, every hop and the wait for a pooled socket.
-    """
-    aiohttp = sys.modules["aiohttp"]  # imported off the loop by open_session, which made `session`
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    headers = dict(target.headers)
-    body = json_body
-    raw = data
-    jar: CookieJar | None = None  # made at the first cookie a redirect sets
-    for hop in range(MAX_REDIRECTS + 1):
-        # No body: no Content-Type either (aiohttp would add application/octet-stream to a bare
-        # POST, PUT or PATCH; requests adds none).
-        options: dict[str, Any] = {"skip_auto_headers": ("Content-Type",)}
-        if body is not None:
-            options = {"json": body}
-        elif raw is not None:
-            options = {"data": raw}
-        async with session.request(
-            method,
-            url,
-            headers=headers if jar is None else with_cookies(headers, jar.filter_cookies(url)),
-            ssl=target.ssl,
-            proxy=target.proxy,
-            timeout=aiohttp.ClientTimeout(total=max(deadline - loop.time(), 0.001)),
-            allow_redirects=False,
-            **options,
-        ) as resp:
-            location = resp.headers.get("Location")
-            if resp.status not in REDIRECT_STATUSES or not location or hop == MAX_REDIRECTS:
-                content, truncated = await read_capped(resp, max_body_bytes)
-                return Response(
-                    status=resp.status,
-                    reason=resp.reason or "",
-                    headers=resp.headers.copy(),
-                    body=content,
-                    truncated=truncated,
-                    charset=resp.charset,
-                    url=url,
-                    redirects=hop,
-                )
-            status = resp.status
-            if resp.cookies:
-                if jar is None:
-                    jar = aiohttp.CookieJar(unsafe=True)  # unsafe: IP hosts too, as requests takes them
-                jar.update_cookies(resp.cookies, resp.url)
-        following = url.join(type(url)(location))
-        if following.scheme not in DEFAULT_PORTS:
-            raise non_http_redirect(method, url, status, following)
-        if not keeps_credentials(url, following):
-            headers = {name: value for name, value in headers.items() if not _origin_only(name)}
-        method = redirected_method(status, method)
-        if status not in (307, 308):
-            body = raw = None
-        url = following
-    raise AssertionError("not reached: the last hop returns its response")  # pragma: no cover
-
-
-def redirected_method(status: int, method: str) -> str:
-    """The method of the hop after a ``status`` redirect: ``requests``' ``Session.rebuild_method``."""
-    if status in (302, 303) and method != "HEAD":
-        return "GET"  # 303 by the RFC; 302 as browsers (and requests) do
-    if status == 301 and method == "POST":
-        return "GET"
-    return method
-
-
-def with_cookies(headers: Mapping[str, str], cookies: Mapping[str, Any]) -> Mapping[str, str]:
-    """``headers`` whose ``Cookie`` also carries ``cookies`` (a jar's, for this URL).
-
-    The connection's own cookies stay, but one the jar holds too takes the jar's value: the
-    server set it since.
-    """
-    if not cookies:
-        return headers
-    name = next((key for key in headers if key.lower() == "cookie"), "Cookie")
-    kept = [
-        pair.strip()
-        for pair in headers.get(name, "").split(";")
-        if pair.strip() and pair.partition("=")[0].strip() not in cookies
-    ]
-    pairs = [f"{morsel.key}={morsel.coded_value}" for morsel in cookies.values()]
-    return {**headers, name: "; ".join(kept + pairs)}
-
-
-def non_http_redirect(method: str, url: URL, status: int, location: URL) -> FatalError:
-    """The error for a redirect to a URL HTTP cannot follow (``ftp:``, ``file:``, ``javascript:``).
-
-    Fatal at once, as ``requests`` raises ``InvalidSchema`` at once: asking again gets the same
-    answer, and a retry until the deadline would end as a timeout, which ``soft_fail`` skips.
-    Both URLs are the server's to choose, so their secret-looking query values are masked.
-    """
-    where = redact_url(str(location.with_user(None)) if location.host else str(location))
-    asked = redact_url(str(url.with_user(None)))
-    return FatalError(
-        f"{method} {asked} was redirected ({status}) to {where!r}, a URL of scheme {location.scheme!r}: "
-        "only http and https redirects are followed",
-        error_type=ErrorType.PROTOCOL,
-        details={"status_code": status, "method": method, "location": where},
-    )
+    return HttpOptions(base=base, headers=headers, ssl=await _ssl_for(verify), proxy=proxy_for(extra, base.scheme))
 
 
 def keeps_credentials(old: URL, new: URL) -> bool:
@@ -550,143 +358,30 @@ def keeps_credentials(old: URL, new: URL) -> bool:
     return old.scheme == new.scheme and old_port == new_port
 
 
-def _origin_only(name: str) -> bool:
+def origin_only(name: str) -> bool:
+    """Whether header ``name`` is sent only to the connection's own origin (a credential)."""
     return name.lower() in ORIGIN_ONLY_HEADERS or is_sensitive_key(name)
-
-
-#: Responses identical requests share, one registry per event loop (see :func:`send_shared`).
-_shared_responses: PerLoop[SharedAnswers] = PerLoop(SharedAnswers)
-
-
-def request_identity(
-    session: aiohttp.ClientSession,
-    target: Target,
-    method: str,
-    url: URL,
-    *,
-    json_body: Any,
-    timeout: float,
-    max_body_bytes: int,
-) -> tuple[Any, ...]:
-    """Everything that shapes a response: requests equal in all of it may share one.
-
-    The URL (scheme, host, port, path, query), the method, every header sent (the connection's
-    extras and its ``Authorization``, so waits with different credentials never share), the
-    body as sent, TLS verification, the proxy, and how the response is read (the timeout and
-    the byte cap). It lives in memory only, never in a payload or a log line.
-    """
-    body = None if json_body is None else json.dumps(json_body)  # the bytes aiohttp sends
-    return (
-        id(session),
-        method,
-        str(url),
-        tuple(sorted(target.headers.items())),
-        body,
-        target.ssl,  # True, False or a context (cached per CA bundle, so equal settings share one)
-        target.proxy,
-        timeout,
-        max_body_bytes,
-    )
-
-
-async def send_shared(
-    session: aiohttp.ClientSession,
-    target: Target,
-    method: str,
-    url: URL,
-    *,
-    json_body: Any,
-    timeout: float,
-    max_body_bytes: int,
-    max_age: float,
-    seen: int | None = None,
-) -> Response:
-    """:func:`send`, or the response of an identical request started at most ``max_age`` s ago.
-
-    N waits polling one URL with the same connection cost about one request per window, not N
-    (rules in :mod:`airflow_deferrable_kit._shared_polls`). The :class:`Response` is shared
-    read-only: each wait evaluates its own conditions on it. A failed request (an exception, or
-    a 408, 429 or 5xx response) is shared too, with one backoff: every wait that shared it, and
-    every poll of the same request until its hold ends, gets that error or response to classify
-    and back off from on its own, so a throttled or failing server is asked less often than a
-    healthy one (:func:`~airflow_deferrable_kit._shared_polls.failure_hold`, ``Retry-After``
-    honoured). Cancelling one wait does not cancel the request the others wait for. ``seen``, the ``id()`` of
-    the response the caller got last, is never handed to it again (the caller keeps no reference).
-    """
-    what = request_identity(
-        session, target, method, url, json_body=json_body, timeout=timeout, max_body_bytes=max_body_bytes
-    )
-
-    def fetch() -> Any:
-        return send(session, target, method, url, json_body=json_body, timeout=timeout, max_body_bytes=max_body_bytes)
-
-    shared = _shared_responses.get()
-    response: Response = await shared.share(
-        what, fetch, max_age=max_age, seen=seen, is_failure=_is_failure, retry_after=_retry_after_of
-    )
-    return response
-
-
-def _is_failure(response: Response) -> bool:
-    """A response worth retrying (408, 429, 5xx) is shared like a failed request: for one hold."""
-    return is_transient_status(response.status)
-
-
-def _retry_after_of(failure: Any) -> float | None:
-    if isinstance(failure, Response):
-        return parse_retry_after(failure.headers.get("Retry-After"), now=time.time())
-    return None
-
-
-def shared_responses() -> SharedAnswers:
-    """The running loop's shared responses (for tests and diagnostics)."""
-    return _shared_responses.get()
-
-
-def parse_retry_after(value: str | None, *, now: float) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP-date), capped."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=dt.timezone.utc)
-        seconds = when.timestamp() - now
-    if seconds != seconds:  # NaN
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
-
-
-def next_link(value: str | None) -> str | None:
-    """The ``rel="next"`` target of a ``Link`` header (RFC 8288), or ``None``.
-
-    ``<https://api/x?page=2>; rel="next", <...>; rel="last"``: the first link whose ``rel``
-    names ``next`` among its space-separated relations.
-    """
-    if not value:
-        return None
-    for part in _LINK.finditer(value):
-        params = part.group("params") or ""
-        for match in _LINK_REL.finditer(params):
-            if "next" in match.group("rel").strip('"').lower().split():
-                return part.group("target").strip()
-    return None
-
-
-_LINK: Final = re.compile(r"<(?P<target>[^>]*)>(?P<params>(?:\s*;\s*[^;,<]+(?:=(?:\"[^\"]*\"|[^;,]*))?)*)")
-_LINK_REL: Final = re.compile(r"rel\s*=\s*(?P<rel>\"[^\"]*\"|[^;,\s]+)", re.IGNORECASE)
 
 
 # ---------------------------------------------------------------------------------- errors
 def is_transient_status(status: int) -> bool:
     """Whether an error status is worth retrying: 408, 429 and every 5xx; any other is fatal."""
     return status in TRANSIENT_STATUSES or 500 <= status <= 599
+
+
+def status_error_type(status: int) -> ErrorType:
+    """The vocabulary's name for an error status (the status itself is in the payload)."""
+    if status == 401 or status == 407:
+        return ErrorType.AUTHENTICATION
+    if status == 403:
+        return ErrorType.AUTHORIZATION
+    if status in (404, 410):
+        return ErrorType.NOT_FOUND
+    if status == 429:
+        return ErrorType.THROTTLED
+    if is_transient_status(status):
+        return ErrorType.NETWORK if status == 408 else ErrorType.UNAVAILABLE
+    return ErrorType.BAD_REQUEST
 
 
 def classify_aiohttp_error(exc: BaseException) -> WaitError | None:

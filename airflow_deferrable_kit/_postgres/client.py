@@ -52,10 +52,16 @@ SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"
 SSL_FILE_KEYS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
 
 
-@dataclass(frozen=True)
-class ConnectOptions:
-    """asyncpg connect arguments (they hold the password: never log or serialize them)."""
+def pool_key(conn_id: str) -> tuple[str, str]:
+    """The lease key of a connection id's pool, shared by every Postgres wait of the process."""
+    return ("postgres-pool", conn_id)
 
+
+@dataclass(frozen=True)
+class PostgresOptions:
+    """asyncpg connect arguments of one connection (they hold the password: never log or serialize them)."""
+
+    conn_id: str
     kwargs: dict[str, Any]
     pool_max_size: int
     where: str
@@ -63,7 +69,15 @@ class ConnectOptions:
     client_certificate: tuple[str, str | None, str | None] | None = None
 
     def __repr__(self) -> str:
-        return f"ConnectOptions({self.where}, pool_max_size={self.pool_max_size})"
+        return f"PostgresOptions({self.where}, pool_max_size={self.pool_max_size})"
+
+    def __hash__(self) -> int:
+        return hash((self.conn_id, self.where, self.pool_max_size))
+
+    @property
+    def lease_key(self) -> tuple[str, str]:
+        """The shared pool's key: one pool per connection id (see :func:`open_pool`)."""
+        return pool_key(self.conn_id)
 
 
 def _bad(conn_id: str, message: str) -> FatalError:
@@ -104,7 +118,7 @@ def _positive_int(conn_id: str, extra: dict[str, Any], key: str, default: int, *
     return value
 
 
-def options_from_connection(conn_id: str, conn: Connection, extra: dict[str, Any]) -> ConnectOptions:
+def options_from_connection(conn_id: str, conn: Connection, extra: dict[str, Any]) -> PostgresOptions:
     """Map an Airflow postgres connection to asyncpg arguments.
 
     host, port, login, password and schema (the database) as usual; extras ``sslmode``,
@@ -160,10 +174,12 @@ def options_from_connection(conn_id: str, conn: Connection, extra: dict[str, Any
     certificate = None
     if files.get("sslcert"):
         certificate = (files["sslcert"], files.get("sslkey"), str(extra.get("sslpassword") or "") or None)
-    return ConnectOptions(kwargs=kwargs, pool_max_size=pool_max_size, where=where, client_certificate=certificate)
+    return PostgresOptions(
+        conn_id=conn_id, kwargs=kwargs, pool_max_size=pool_max_size, where=where, client_certificate=certificate
+    )
 
 
-async def load_options(conn_id: str) -> ConnectOptions:
+async def load_options(conn_id: str) -> PostgresOptions:
     """Resolve ``conn_id`` through Airflow's async connection API and map it for asyncpg."""
     conn = await get_connection(conn_id, argument="postgres_conn_id", conn_types=("postgres", "postgresql"))
     return options_from_connection(conn_id, conn, await get_extra(conn))
@@ -175,7 +191,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def connect(conn_id: str, options: ConnectOptions, *args: Any, **kwargs: Any) -> asyncpg.Connection:
+async def connect(conn_id: str, options: PostgresOptions, *args: Any, **kwargs: Any) -> asyncpg.Connection:
     """Open one server connection; a server that refuses who we are is named with the connection.
 
     Every connection of the Postgres waits (pooled or listening) opens here. A refusal no retry
@@ -204,7 +220,7 @@ async def connect(conn_id: str, options: ConnectOptions, *args: Any, **kwargs: A
         ) from exc
 
 
-async def _certificate_refusal(options: ConnectOptions) -> FatalError | None:
+async def _certificate_refusal(options: PostgresOptions) -> FatalError | None:
     """The server's refusal of our client certificate, when a connection presenting one was
     dropped in the middle of its start-up (see :func:`~airflow_deferrable_kit._tls.read_refusal`)."""
     assert options.client_certificate is not None
@@ -231,12 +247,15 @@ async def _certificate_refusal(options: ConnectOptions) -> FatalError | None:
 _SSL_REQUEST = b"\x00\x00\x00\x08\x04\xd2\x16\x2f"
 
 
-async def open_pool(conn_id: str) -> asyncpg.Pool:
-    """The bounded pool for ``conn_id``. Opens no connection until the first query asks for one."""
-    await asyncio.to_thread(__import__, "asyncpg")  # the first import takes ~0.1 s: not on the loop
+async def open_pool(options: PostgresOptions) -> asyncpg.Pool:
+    """The bounded pool of one connection. Opens no connection until the first query asks for one.
+
+    A trigger leases it as ``lease(options.lease_key, lambda: open_pool(options), close_pool)``.
+    """
+    await asyncio.to_thread(__import__, "asyncpg")  # the first import is slow: not on the loop
     import asyncpg
 
-    options = await load_options(conn_id)
+    conn_id = options.conn_id
     log.info("Opening a Postgres pool for %s (%s, at most %d connections)", conn_id, options, options.pool_max_size)
     pool: asyncpg.Pool = await asyncpg.create_pool(
         connect=functools.partial(connect, conn_id, options),

@@ -2,18 +2,18 @@
 
 * :func:`load_options` reads an Airflow ``aws`` connection, inside the triggerer, so no
   secret ever travels in trigger kwargs.
-* :func:`open_client` builds the client off the loop. Building an aiobotocore client is mostly
-  synchronous work: importing botocore (~0.3 s), parsing its JSON models (``endpoints.json``
-  alone is 1.2 MB), reading ``~/.aws`` files and, for the default credential chain, asking the
-  instance metadata service. All of it, and the assembly of the client itself (~50 ms of CPU),
-  runs in one long-lived builder thread, once per shared client; the models are parsed once per
-  process into one loader that every client reuses. The event loop only receives the finished
-  client.
+* :func:`new_client` builds the client off the loop. Building an aiobotocore client is mostly
+  synchronous work: importing botocore, parsing its JSON models (``endpoints.json`` alone is
+  over a megabyte), reading ``~/.aws`` files and, for the default credential chain, asking the
+  instance metadata service. All of it, and the assembly of the client itself (tens of
+  milliseconds of CPU; figures in docs/benchmarks.md), runs in one long-lived builder thread,
+  once per shared client; the models are parsed once per process into one loader that every
+  client reuses. The event loop only receives the finished client.
 * :func:`classify_s3_error` is the one place botocore's exceptions become transient or fatal.
 * The last section fences every use of aiobotocore's and botocore's private API, each with why.
 
 The client is polled through :class:`airflow_deferrable_kit._s3.poller.S3Poller`, whose HEADs
-and listing pages take the direct path of :mod:`airflow_deferrable_kit._s3.requests`.
+and listing pages take the direct path of :mod:`airflow_deferrable_kit._s3.signed`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import sys
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Final
 
 from airflow_deferrable_kit._redact import guard_loggers
@@ -54,7 +54,7 @@ _S3_MODELS = ("service-2", "paginators-1", "waiters-2", "endpoint-rule-set-1")
 
 
 @dataclasses.dataclass(frozen=True)
-class S3Settings:
+class S3Options:
     """Everything needed to build a client; secrets are kept out of ``repr``."""
 
     conn_id: str | None
@@ -101,7 +101,7 @@ def _optional_str(extra: Mapping[str, Any], name: str, conn_id: str) -> str | No
 
 def options_from_connection(
     conn_id: str, login: str | None, password: str | None, extra: Mapping[str, Any]
-) -> S3Settings:
+) -> S3Options:
     """Read an Airflow ``aws`` connection the way the Amazon provider does (the subset we support).
 
     ``login``/``password`` are the access key id and secret (``extra.aws_access_key_id`` /
@@ -141,7 +141,7 @@ def options_from_connection(
             f"aws_conn_id={conn_id!r}: extra field 'config_kwargs' must be an object",
             error_type=ErrorType.BAD_CONNECTION,
         )
-    return S3Settings(
+    return S3Options(
         conn_id=conn_id,
         region_name=_optional_str(extra, "region_name", conn_id),
         endpoint_url=endpoint_url,
@@ -155,29 +155,29 @@ def options_from_connection(
 
 
 #: One instance per distinct settings among the live waits (see :func:`load_options`).
-_settings_in_use: weakref.WeakValueDictionary[tuple[Any, ...], S3Settings] = weakref.WeakValueDictionary()
+_settings_in_use: weakref.WeakValueDictionary[tuple[Any, ...], S3Options] = weakref.WeakValueDictionary()
 
 
-def _shared(settings: S3Settings) -> S3Settings:
+def _shared(settings: S3Options) -> S3Options:
     """The instance live waits already hold for settings equal to ``settings``, else ``settings``."""
     fields = tuple(getattr(settings, field.name) for field in dataclasses.fields(settings))
     return _settings_in_use.setdefault(fields, settings)
 
 
-async def load_options(aws_conn_id: str | None) -> S3Settings:
+async def load_options(aws_conn_id: str | None) -> S3Options:
     """Look the connection up (asynchronously) and read it; ``None`` means the default chain.
 
     Each wait reads its connection once per run, so a rotated key reaches the next wait; waits
-    whose reads come out equal then keep one :class:`S3Settings` (its strings and lease key
-    included) instead of one each: about 0.3 KB less per waiting trigger, 3 MB at 10,000.
+    whose reads come out equal then keep one :class:`S3Options` (its strings and lease key
+    included) instead of one each, a copy less per waiting trigger (docs/benchmarks.md).
     """
     if aws_conn_id is None:
-        return _shared(S3Settings(conn_id=None))
+        return _shared(S3Options(conn_id=None))
     try:
         conn = await get_connection(aws_conn_id, argument="aws_conn_id", conn_types=("aws", "s3"))
     except FatalError as exc:
         if aws_conn_id == DEFAULT_CONN_ID and exc.error_type == "connection_not_found":
-            return _shared(S3Settings(conn_id=None))
+            return _shared(S3Options(conn_id=None))
         raise
     extra = await get_extra(conn)
     return _shared(options_from_connection(aws_conn_id, conn.login, conn.password, extra))
@@ -187,8 +187,8 @@ async def load_options(aws_conn_id: str | None) -> S3Settings:
 class _GilFriendlyJSONFileLoader:
     """botocore's JSON file loader, parsing with the pure-Python scanner.
 
-    The C parser holds the GIL for a whole file (~50 ms for ``endpoints.json``), which stalls
-    the event loop even from a worker thread. The Python scanner yields the GIL every few
+    The C parser holds the GIL for a whole file (tens of milliseconds for ``endpoints.json``),
+    which stalls the event loop even from a worker thread. The Python scanner yields the GIL every few
     milliseconds; it is slower, but it runs once per process, in a thread.
     """
 
@@ -204,8 +204,8 @@ class _GilFriendlyJSONFileLoader:
                 with opener(path, "rb") as handle:
                     text = handle.read().decode("utf-8")
                 # Plain dicts, where botocore's own loader makes OrderedDicts: the same order
-                # (dicts keep it), and the parsed S3 model and endpoint data take ~7.5 MB
-                # instead of ~11.9 MB, once per process.
+                # (dicts keep it), and the parsed S3 model and endpoint data take about a third
+                # less memory, once per process (docs/benchmarks.md).
                 decoder = json.JSONDecoder()
                 # CPython's pure-Python scanner (json.scanner.py_make_scanner, outside its __all__).
                 decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
@@ -234,13 +234,13 @@ def _shared_loader(data_path: str | None) -> Any:
         return loader
 
 
-def _build_client(settings: S3Settings) -> Any:
+def _build_client(settings: S3Options) -> Any:
     """Build the client, entirely in the calling (worker) thread; it is opened by the caller.
 
     Imports aiobotocore, makes a session that shares the process-wide loader, reads the
     ``~/.aws`` files, resolves the default credential chain if the connection has no keys
-    (file reads and instance-metadata HTTP) and assembles the client (~50 ms of CPU: endpoint
-    rules, operation methods, handler copies), on a private event loop in this thread.
+    (file reads and instance-metadata HTTP) and assembles the client (endpoint rules, operation
+    methods, handler copies: the costly part), on a private event loop in this thread.
 
     Building binds nothing to that loop (asyncio locks bind lazily, on first contention), so the
     trigger's loop can use the client. It is *entered* there, because aiobotocore versions
@@ -352,7 +352,7 @@ def client_endpoint(endpoint_url: str | None) -> str | None:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
-async def open_client(settings: S3Settings) -> Any:
+async def new_client(settings: S3Options) -> Any:
     """An open aiobotocore S3 client, built in a worker thread so the event loop never waits."""
     guard_loggers(CREDENTIAL_LOGGERS)
     client = await asyncio.get_running_loop().run_in_executor(_builder_executor(), _build_client, settings)
@@ -393,6 +393,41 @@ CREDENTIAL_CODES: Final = frozenset(
 ACCESS_CODES: Final = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectState"})
 
 
+class S3Missing(Exception):
+    """S3 answered "no such key" (a 404): whether that means "not yet" or a missing bucket is the wait's to say.
+
+    :func:`s3_request` raises it for botocore's ``ClientError`` (kept as :attr:`error`), so a
+    trigger never handles botocore's own type; :func:`classify_s3_error` classifies it as that error.
+    """
+
+    def __init__(self, code: str, error: BaseException) -> None:
+        super().__init__(code)
+        self.code = code
+        self.error = error
+
+
+async def s3_request(what: str, where: str, request: Awaitable[Any]) -> Any:
+    """Await one S3 request, with botocore's errors turned into ours.
+
+    A "missing" answer (404, ``NoSuchKey``) is raised as :class:`S3Missing`: only the caller
+    knows whether it means "not yet" or a missing bucket. Every other ``ClientError`` becomes
+    the transient or fatal error :func:`classify_s3_error` makes of it.
+    """
+    try:
+        return await request
+    except Exception as exc:
+        errors = sys.modules.get("botocore.exceptions")  # imported by then: the client is built
+        if errors is None or not isinstance(exc, errors.ClientError):
+            raise
+        code = missing_code(exc)
+        if code is not None:
+            raise S3Missing(code, exc) from exc
+        error = classify_s3_error(exc, what=what, where=where)
+        if error is None:  # not reached: every ClientError is classified
+            raise
+        raise error from exc
+
+
 def missing_code(exc: Any) -> str | None:
     """The code of a botocore ``ClientError`` that means "no such object (yet)"; ``None`` otherwise.
 
@@ -429,6 +464,8 @@ def classify_s3_error(exc: BaseException, *, what: str, where: str) -> WaitError
     the connection, for the errors raised before any response (credentials, TLS, network).
     botocore is looked up, not imported: if nothing imported it, ``exc`` is none of its errors.
     """
+    if isinstance(exc, S3Missing):
+        exc = exc.error
     errors = sys.modules.get("botocore.exceptions")
     if errors is None:
         return None
@@ -484,8 +521,8 @@ def classify_s3_error(exc: BaseException, *, what: str, where: str) -> WaitError
 # ------------------------------------------------------------------ private API, fenced
 # Every use of aiobotocore's or botocore's private API is one of the functions below, and each
 # says why the public API does not do. Checked against aiobotocore 3.10.0 on botocore 1.43.117;
-# re-read them after upgrading either. tests/s3/test_requests.py compares the requests they
-# make with botocore's own, and tests/s3/test_client.py builds clients through them.
+# re-read them after upgrading either. tests/integration/s3/test_signed.py compares the requests they
+# make with botocore's own, and tests/integration/s3/test_client.py builds clients through them.
 
 #: ``signature_version`` settings under which S3 requests are signed with plain SigV4.
 _SIGV4_SETTINGS: Final = (None, "v4", "s3v4")
@@ -496,7 +533,7 @@ async def _unentered_client(session: Any, **kwargs: Any) -> Any:
 
     ``create_client()`` returns a context manager that builds *and enters* the client where it
     is used; here the client is built in a worker thread, on a private loop (:func:`_build_client`),
-    and entered later on the trigger's loop (:func:`open_client`), so only the building is wanted.
+    and entered later on the trigger's loop (:func:`new_client`), so only the building is wanted.
     """
     return await session._create_client("s3", **kwargs)
 

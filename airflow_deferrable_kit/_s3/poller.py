@@ -19,9 +19,9 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
-from airflow_deferrable_kit._s3.client import S3Settings, classify_s3_error, open_client, retry_after_of
+from airflow_deferrable_kit._s3.client import S3Options, classify_s3_error, new_client, retry_after_of
 from airflow_deferrable_kit._s3.key_groups import MAX_LISTING_PAGES, KeyGroup, KeyGroups
-from airflow_deferrable_kit._s3.requests import DirectRequests
+from airflow_deferrable_kit._s3.signed import DirectRequests
 from airflow_deferrable_kit._shared_polls import REUSE_MAX as LISTING_REUSE_MAX
 from airflow_deferrable_kit._shared_polls import SharedAnswers
 from airflow_deferrable_kit._shared_polls import reuse_window as listing_reuse_window
@@ -200,6 +200,19 @@ class S3Poller:
 
     # ------------------------------------------------------------------------- listings
     async def list_prefix(
+        self, bucket: str, prefix: str, *, poll_interval: float, max_pages: int | None = None, seen: int | None = None
+    ) -> Listing:
+        """Every object under ``prefix`` for a wait polling every ``poll_interval`` seconds.
+
+        The listing is shared within :func:`listing_reuse_window` of the poll interval, the
+        window :meth:`find_object` shares its listings by: the one rule of every S3 wait (see
+        :meth:`list_prefix_within` for the sharing, ``max_pages`` and ``seen``).
+        """
+        return await self.list_prefix_within(
+            bucket, prefix, max_age=listing_reuse_window(poll_interval), max_pages=max_pages, seen=seen
+        )
+
+    async def list_prefix_within(
         self, bucket: str, prefix: str, *, max_age: float, max_pages: int | None = None, seen: int | None = None
     ) -> Listing:
         """Every object under ``prefix``, from a listing that started at most ``max_age`` s ago.
@@ -266,9 +279,12 @@ class S3Poller:
         await self.client.close()
 
 
-async def open_poller(settings: S3Settings) -> S3Poller:
-    """The shared poller of one connection: its client built off the loop (the first lease calls this)."""
-    return S3Poller(await open_client(settings), where=settings.describe())
+async def open_poller(options: S3Options) -> S3Poller:
+    """The shared poller of one connection: its client built off the loop (the first lease calls this).
+
+    A trigger leases it as ``lease(options.lease_key, lambda: open_poller(options), close_poller)``.
+    """
+    return S3Poller(await new_client(options), where=options.describe())
 
 
 async def close_poller(poller: S3Poller) -> None:

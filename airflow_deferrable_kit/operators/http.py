@@ -30,14 +30,8 @@ from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowTaskTimeout
 
 from airflow_deferrable_kit._arguments import require_bool, require_conn_id, require_seconds
-from airflow_deferrable_kit._http.client import (
-    Response,
-    close_session,
-    load_options,
-    open_session,
-    parse_retry_after,
-    send,
-)
+from airflow_deferrable_kit._http.client import close_session, load_options, open_session
+from airflow_deferrable_kit._http.responses import Response, parse_retry_after, send
 from airflow_deferrable_kit._redact import is_sensitive_key, redact, redact_url
 from airflow_deferrable_kit.conditions import MISSING, ConditionSet, lookup, parse_path
 from airflow_deferrable_kit.errors import ErrorType, WaitError
@@ -476,9 +470,9 @@ class HttpJobOperator(BaseOperator):
         return self._follow(context, store, handle, self.build_trigger(handle, deadline), deadline)
 
     async def _submit(self, key: str) -> Response:
-        session = await open_session()
+        target = await load_options(self.http_conn_id)
+        session = await open_session(target)
         try:
-            target = await load_options(self.http_conn_id)
             extra = dict(self.headers or {})
             if self.idempotency_header:
                 extra[self.idempotency_header] = key

@@ -11,18 +11,12 @@ in one place.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import datetime as dt
-import functools
 import json
-import math
 import random
 import sys
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
-from types import FrameType
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any, ClassVar, Final
 
 from airflow.triggers.base import (
@@ -64,6 +58,20 @@ from airflow_deferrable_kit.payload import (
     success_payload,
     timeout_payload,
 )
+from airflow_deferrable_kit.triggers.subclassing import refuse_reserved_parameters, reported_from_run
+from airflow_deferrable_kit.triggers.timing import (
+    DEADLINE_PASSED,
+    SYSTEM_CLOCK,
+    Clock,
+    DeadlineGuard,
+    check_in_task,
+    deadline_after,
+    parse_deadline,
+)
+
+# paced_alarm and _pacer stay importable from here too (triggers/kafka.py, triggers/temporal.py).
+from airflow_deferrable_kit.triggers.timing import paced_alarm as paced_alarm
+from airflow_deferrable_kit.triggers.timing import pacer as _pacer
 
 #: Polls in a row in which the resolver says the host name does not exist, before any poll of
 #: this wait reached its host, after which the wait fails (a typo'd host would otherwise be
@@ -71,168 +79,12 @@ from airflow_deferrable_kit.payload import (
 UNKNOWN_HOST_ATTEMPTS = 3
 #: Shortest sleep between two polls of any kind.
 MIN_POLL_DELAY = 0.001
-#: CPU seconds one loop iteration may spend on waits woken together before the rest wait a turn.
-TURN_BUDGET = 0.02
-#: Waits woken per loop iteration: where the pace starts and its bounds while it adapts.
-WAKES_PER_TURN_START, WAKES_PER_TURN_MIN, WAKES_PER_TURN_MAX = 16, 4, 4096
-#: Sleeps ending within the same slot of this many seconds share one timer (never ending early).
-WAKE_RESOLUTION = 0.005
-
-#: A sleep shares its timer with sleeps ending in the same slot, at most this share of its length
-#: wide (a slot is WAKE_RESOLUTION times a power of two): 30 s polls share 60 ms slots, so 10,000
-#: spread waits hold ~500 timers, not ~6,000; a short sleep keeps the 5 ms resolution.
-SLOT_SHARE = 1 / 500
-
-
-def _slot(end: float, seconds: float) -> int:
-    """The slot (in WAKE_RESOLUTION units) a sleep of ``seconds`` ending at ``end`` wakes in; never early."""
-    factor = 1 << max(0, int(seconds * SLOT_SHARE / WAKE_RESOLUTION).bit_length() - 1)
-    return math.ceil(end / (WAKE_RESOLUTION * factor)) * factor
-
-
-class _Pacer:
-    """Wake sleeping waits a batch per loop iteration, oldest first, so no iteration runs long.
-
-    Ten thousand waits that wake at the same instant (one target time, a mass deferral, a
-    triggerer restart) would otherwise all run in one loop iteration, and every other trigger's
-    callback would wait seconds behind them. Sleeps ending in the same ``WAKE_RESOLUTION`` slot
-    share one timer; when it fires its sleepers join a queue that each iteration drains a batch
-    of. The batch grows while an iteration stays well under ``TURN_BUDGET`` and halves when it
-    goes over, so cheap wake-ups (a clock read) go fast and costly ones (a signed request) stay
-    spread out. Waits that wake at different moments pass straight through.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._slots: dict[int, list[asyncio.Future[None]]] = {}
-        self._due: deque[asyncio.Future[None]] = deque()
-        self._per_turn = WAKES_PER_TURN_START
-        self._woken = 0
-        self._turn = 0
-        self._turn_started = time.thread_time()
-        self._turn_scheduled = False
-        #: Tasks woken in the current turn (emptied every turn: nothing is kept per wait).
-        self._woken_this_turn: set[asyncio.Task[Any] | None] = set()
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep at least ``seconds`` (``0``: just take a turn), then wait for this wait's turn."""
-        if seconds <= 0:
-            if self._woken_this_turn and asyncio.current_task() in self._woken_this_turn:
-                return  # woken from a sleep in this very turn: already counted
-            if not self._due and self._woken < self._per_turn:
-                self._woken += 1
-                self._schedule_turn()
-                return
-            ticket = self._loop.create_future()
-            self._due.append(ticket)
-            self._schedule_turn()
-        else:
-            ticket = self.alarm(seconds)
-        await ticket  # a cancelled ticket is skipped when its turn comes
-        self._woken_this_turn.add(asyncio.current_task())
-
-    def alarm(self, seconds: float) -> asyncio.Future[None]:
-        """A future resolved at a paced turn at least ``seconds`` from now, on a shared timer.
-
-        For a sleep that something else may end first: resolve (or cancel) the future early and
-        its turn is skipped when the slot comes; the slot's timer is shared, never cancelled.
-        """
-        slot = _slot(self._loop.time() + seconds, seconds)
-        ticket = self._loop.create_future()
-        sleepers = self._slots.get(slot)
-        if sleepers is None:
-            sleepers = self._slots[slot] = []
-            self._loop.call_at(slot * WAKE_RESOLUTION, self._slot_due, slot)
-        sleepers.append(ticket)
-        return ticket
-
-    def _slot_due(self, slot: int) -> None:
-        self.wake(self._slots.pop(slot))
-
-    def wake(self, tickets: list[asyncio.Future[None]]) -> None:
-        """Queue futures that are due now (sleepers of a shared timer) for their paced turns."""
-        self._due.extend(tickets)
-        self._schedule_turn()
-
-    def _schedule_turn(self) -> None:
-        if not self._turn_scheduled:
-            self._turn_scheduled = True
-            self._loop.call_soon(self._next_turn)
-
-    def _next_turn(self) -> None:
-        now = time.thread_time()  # CPU of the loop's thread: being descheduled is not the batch's cost
-        if self._woken >= self._per_turn:  # the last batch was full: adapt to what it cost
-            took = now - self._turn_started
-            if took > TURN_BUDGET:
-                self._per_turn = max(self._per_turn // 2, WAKES_PER_TURN_MIN)
-            elif took < TURN_BUDGET / 2:
-                self._per_turn = min(self._per_turn * 2, WAKES_PER_TURN_MAX)
-        self._turn += 1
-        self._turn_started = now
-        self._turn_scheduled = False
-        self._woken = 0
-        self._woken_this_turn.clear()
-        while self._due and self._woken < self._per_turn:
-            ticket = self._due.popleft()
-            if not ticket.done():
-                ticket.set_result(None)
-                self._woken += 1
-        if self._woken or self._due:
-            self._schedule_turn()
-
-
-_pacers: PerLoop[_Pacer] = PerLoop(lambda: _Pacer(asyncio.get_running_loop()))
-
 #: Events of one process handed to the triggerer and not yet taken in (logged and queued by it).
 #: The triggerer logs each event through a thread pool before it queues it; 10,000 waits due
 #: at one moment would otherwise queue 10,000 log jobs at once, whose objects outlive young
 #: garbage collections and set off full ones (seconds of loop lag at that size).
 EVENTS_IN_FLIGHT = 32
 _event_gates: PerLoop[asyncio.Semaphore] = PerLoop(lambda: asyncio.Semaphore(EVENTS_IN_FLIGHT))
-
-
-def _pacer() -> _Pacer:
-    return _pacers.get()
-
-
-def paced_alarm(seconds: float) -> asyncio.Future[None]:
-    """A future resolved at least ``seconds`` from now, in a paced turn, sharing its timer.
-
-    What an interruptible sleep of a wait needs (resolve the future early to end it): ten
-    thousand waits sleeping a poll interval hold a few hundred shared timers between them, not
-    one timer (and a copied context) each, and wake a batch per loop iteration.
-    """
-    return _pacer().alarm(seconds)
-
-
-class Clock:
-    """Wall-clock time and sleeping, swappable so tests can run hours of waiting in milliseconds."""
-
-    def time(self) -> float:
-        return time.time()
-
-    async def sleep(self, seconds: float) -> None:
-        await _pacer().sleep(seconds)
-
-
-SYSTEM_CLOCK = Clock()
-
-
-def deadline_after(seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> str:
-    """The absolute UTC deadline ``seconds`` from now, in the ISO form triggers carry."""
-    return dt.datetime.fromtimestamp(clock.time() + seconds, tz=dt.timezone.utc).isoformat()
-
-
-def parse_deadline(value: str, *, argument: str = "deadline") -> float:
-    """Parse an ISO 8601 deadline with an explicit offset into a POSIX timestamp."""
-    try:
-        moment = dt.datetime.fromisoformat(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{argument} must be an ISO 8601 datetime string, got {value!r}") from exc
-    if moment.tzinfo is None:
-        raise ValueError(f"{argument} must carry a UTC offset (e.g. '+00:00'), got naive {value!r}")
-    in_utc(moment, argument=argument, given=value)
-    return moment.timestamp()
 
 
 #: The event form of each wait class that has one, registered by the event modules (which sit
@@ -295,7 +147,8 @@ class PollingTrigger(BaseTrigger):
 
     #: Per-wait state in slots, not in the instance dict. CPython (3.11 to 3.13) shares one key
     #: table among the dicts of a class's instances only while they hold fewer than about 27
-    #: names; past that every instance carries a table of its own (1.5 KB instead of ~0.3 KB).
+    #: names; past that every instance carries a table of its own, several times larger
+    #: (docs/benchmarks.md).
     #: With the names below in slots the dict holds the parameters alone: the base's own state
     #: (``_deadline_*``, ``_last_error``, ``_leases``, ``_metrics``) and what Airflow's
     #: ``BaseTrigger`` and trigger runner set on every trigger (the rest). A subclass keeps its
@@ -331,21 +184,22 @@ class PollingTrigger(BaseTrigger):
     metrics_name: ClassVar[str | None] = None
 
     #: Why this trigger could not be built when Airflow's trigger runner built it (see
-    #: :func:`_reported_from_run`): the wait ends with this error, a watcher retries. Typed by a
+    #: :func:`~airflow_deferrable_kit.triggers.subclassing.reported_from_run`): the wait ends with
+    #: this error, a watcher retries. Typed by a
     #: comment, not an annotation, so that it is no dataclass field (no trigger kwarg).
     _unbuilt = None  # type: FatalError | None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(kw_only=True, eq=False, repr=False)(cls)
-        _refuse_reserved_parameters(cls)
-        _reported_from_run(cls)
+        refuse_reserved_parameters(cls, PollingTrigger)
+        reported_from_run(cls)
 
     def __post_init__(self) -> None:
         BaseTrigger.__init__(self)
         self._leases: Leases | None = None  # made on the first lease: most waits hold one client or none
         self._deadline_ts: float | None = None
-        self._deadline_guard: _DeadlineGuard | None = None
+        self._deadline_guard: DeadlineGuard | None = None
         self._metrics = for_trigger(type(self))
         if self.extra is not None:
             require_extra(self.extra, *self.extra_modules, needed_by=type(self).__name__)
@@ -367,7 +221,8 @@ class PollingTrigger(BaseTrigger):
 
         Only when Airflow's trigger runner is building the trigger: the runner survives nothing
         but a ``TypeError`` from a constructor, and one trigger it cannot build would stop every
-        wait and watcher of the triggerer (see :func:`_reported_from_run`).
+        wait and watcher of the triggerer (see
+        :func:`~airflow_deferrable_kit.triggers.subclassing.reported_from_run`).
         """
         if getattr(self, "_metrics", None) is None:  # stopped before the base's own state was set
             BaseTrigger.__init__(self)
@@ -670,7 +525,7 @@ class PollingTrigger(BaseTrigger):
                 )
             else:
                 reached = True
-                if outcome is _DEADLINE:
+                if outcome is DEADLINE_PASSED:
                     return self._timed_out()
                 if isinstance(outcome, Found):
                     # At debug: Airflow's own "Trigger fired event" line already says so, with the payload.
@@ -699,20 +554,20 @@ class PollingTrigger(BaseTrigger):
         if left is None:
             return await self.check()
         if sys.version_info < (3, 11):  # no Task.uncancel: the check in a task of its own
-            return await _check_in_task(self.check(), left)
+            return await check_in_task(self.check(), left)
         # One timer for the wait's life, in this task: no task, no wait() and no timer per poll
         # (a wait's deadline is usually days away, and ten thousand waits poll every few
         # seconds). A check that runs past the deadline is cancelled in place, so it has unwound
         # before run() releases clients.
         guard = self._deadline_guard
         if guard is None:
-            guard = self._deadline_guard = _DeadlineGuard(self)
+            guard = self._deadline_guard = DeadlineGuard(self)
         cancelling = guard.enter(left)
         try:
             outcome = await self.check()
         except asyncio.CancelledError:
             if guard.leave(cancelling):
-                return _DEADLINE
+                return DEADLINE_PASSED
             raise
         except BaseException:
             guard.leave(cancelling)
@@ -798,9 +653,6 @@ class PollingTrigger(BaseTrigger):
         return self._safe(success_payload, outcome)
 
 
-_DEADLINE = object()
-
-
 class _TemplateFailed(Exception):
     """A templated argument's template raised or did not parse while rendering in the triggerer."""
 
@@ -810,98 +662,9 @@ class _TemplateFailed(Exception):
         self.cause = cause
 
 
-#: The context the deadline timers run in: the callback reads no context variable, and a timer
-#: would otherwise keep a copy of its wait's context for as long as the wait lasts.
-_TIMER_CONTEXT: Final = contextvars.Context()
-
-#: How far the loop's clock may run from the wall clock before a wait's deadline timer is set
-#: again (a clock step, a suspended VM, a test's clock). Deadlines are in wall-clock time.
-DEADLINE_DRIFT_SECONDS: Final = 1.0
-
-
-class _DeadlineGuard:
-    """The deadline of one wait's checks: one timer for the wait's life, not one per check.
-
-    ``asyncio.timeout`` around every check costs a timer handle and a copied context per poll,
-    and the cancelled handle of a deadline days away stays in the loop's heap until the heap is
-    rebuilt: at 10,000 waits that was two to three timers alive per wait, the largest part of
-    what a waiting Kafka wait kept beyond Airflow's own objects. The guard sets one timer at the
-    deadline and sets it again only when the loop's clock and the wall clock disagree by more
-    than :data:`DEADLINE_DRIFT_SECONDS`. When it fires during a check it cancels the wait's task
-    there, as ``asyncio.timeout`` would, and the check is abandoned; outside a check it does
-    nothing (the sleep between polls already ends at the deadline). It never fires early: a timer
-    that comes due before the wall clock's deadline is set again for what is left.
-    """
-
-    __slots__ = ("_cancelled", "_handle", "_task", "_trigger")
-
-    def __init__(self, trigger: PollingTrigger) -> None:
-        self._trigger = trigger
-        self._handle: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[Any] | None = None  # set while a check runs
-        self._cancelled = False  # the guard cancelled the running check
-
-    def enter(self, left: float) -> int:
-        """A check starts with ``left`` seconds to the deadline; returns the task's cancel count."""
-        loop = asyncio.get_running_loop()
-        when = loop.time() + left
-        handle = self._handle
-        if handle is None or handle.cancelled() or abs(handle.when() - when) > DEADLINE_DRIFT_SECONDS:
-            if handle is not None:
-                handle.cancel()
-            self._handle = loop.call_at(when, self._due, context=_TIMER_CONTEXT)
-        task = asyncio.current_task()
-        assert task is not None
-        self._task, self._cancelled = task, False
-        return task.cancelling()
-
-    def leave(self, cancelling: int) -> bool:
-        """The check ended; True if it ended because the guard cancelled it (and nothing else did)."""
-        task, self._task = self._task, None
-        if not self._cancelled or task is None:
-            return False
-        self._cancelled = False
-        return task.uncancel() <= cancelling
-
-    def _due(self) -> None:
-        left = self._trigger.seconds_left()
-        if left is not None and left > 0:  # the loop's clock ran ahead of the wall clock
-            self._handle = asyncio.get_running_loop().call_later(left, self._due, context=_TIMER_CONTEXT)
-            return
-        self._handle = None  # spent: the next check (if any) sets a new one
-        if self._task is not None and not self._cancelled:
-            self._cancelled = True
-            self._task.cancel()
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
-#: Names ``BaseTrigger`` sets or uses on every instance (``__init__`` resets some of them).
-_BASE_TRIGGER_ATTRIBUTES = frozenset(
-    {"trigger_id", "task_id", "template_fields", "template_ext", "task_instance", "timeout_after", "triggerer_job_id"}
-)
 #: How long after a wait's own deadline Airflow's backstop timeout fires: the wait's timeout
 #: event normally wins; the backstop covers a trigger that never ran at all.
 BACKSTOP_SECONDS: Final = 60.0
-
-
-async def _check_in_task(check: Coroutine[Any, Any, Any], left: float) -> Any:
-    """Python 3.10's way to abandon a check at the deadline: run it as a task and wait for it."""
-    task = asyncio.ensure_future(check)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=left)
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)  # unwound before run() releases clients
-        raise
-    if not done:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return _DEADLINE
-    return task.result()
 
 
 def holds_template(value: Any) -> bool:
@@ -913,64 +676,6 @@ def holds_template(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(holds_template(v) for v in value)
     return False
-
-
-#: The module of Airflow's trigger runner (``TriggerRunner.create_triggers`` builds triggers).
-#: Airflow's modules that build triggers in the triggerer: the runner builds each trigger, and a
-#: shared stream builds its producer's trigger (``create_shared_stream_producer``) in its own task.
-_TRIGGER_RUNNER_MODULES: Final = ("airflow.jobs.triggerer_job_runner", "airflow.triggers.shared_stream")
-
-
-def _built_by_trigger_runner() -> bool:
-    """Whether Airflow's trigger runner is on the stack (asked only after a constructor failed)."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") in _TRIGGER_RUNNER_MODULES:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _reported_from_run(cls: type[PollingTrigger]) -> None:
-    """Make ``cls``'s constructor raise nothing but ``TypeError`` inside Airflow's trigger runner.
-
-    ``TriggerRunner.create_triggers()`` (Airflow 3.3.2) survives a ``TypeError`` from a
-    constructor and nothing else: any other exception kills the runner, the triggerer exits, and
-    the trigger row is still there for the next triggerer (or an HA peer) to die on. So there
-    a failed validation, a missing extra or an unimportable wait class is kept and reported from
-    ``run()`` (one ``error`` event for a wait; a watcher logs it and tries again). Everywhere
-    else (a DAG file being parsed, a worker deferring) the constructor raises as before, so bad
-    input is still refused at parse. The healthy path pays nothing: the stack is only looked at
-    after a constructor failed.
-    """
-    build = cls.__init__
-
-    @functools.wraps(build)
-    def __init__(self: PollingTrigger, *args: Any, **kwargs: Any) -> None:
-        try:
-            build(self, *args, **kwargs)
-        except TypeError:
-            raise  # the runner's own "failed to inflate": a wrong or missing keyword
-        except Exception as exc:
-            if not _built_by_trigger_runner():
-                raise
-            self._not_built(exc, kwargs)
-
-    cls.__init__ = __init__  # type: ignore[method-assign]
-
-
-def _refuse_reserved_parameters(cls: type[PollingTrigger]) -> None:
-    """A parameter named like a BaseTrigger attribute or a method would be silently overwritten."""
-    own = {f.name for f in dataclasses.fields(PollingTrigger)}
-    reserved = _BASE_TRIGGER_ATTRIBUTES | {name for name in dir(BaseTrigger) if not name.startswith("__")}
-    reserved |= {name for name, value in vars(PollingTrigger).items() if callable(value) or isinstance(value, property)}
-    clashes = sorted(f.name for f in dataclasses.fields(cls) if f.name not in own and f.name in reserved)
-    if clashes:
-        raise TypeError(
-            f"{cls.__name__}: parameter(s) {', '.join(clashes)} clash with attributes Airflow's BaseTrigger or "
-            "PollingTrigger set or call on every trigger (BaseTrigger.__init__ resets trigger_id, task_id, "
-            "template_fields and template_ext); rename them, e.g. 'job_id' instead of 'task_id'"
-        )
 
 
 __all__ = [

@@ -22,6 +22,12 @@ Two semantics cover the kinds: *items* (each new S3 object, each new Postgres ro
 and *edges* (:class:`EdgeEventTrigger`: one event each time a wait's condition becomes true,
 none while it stays true). Any :class:`~airflow_deferrable_kit.triggers.base.PollingTrigger`
 becomes an edge event trigger with ``wait.as_event_trigger()`` (:class:`ConditionEventTrigger`).
+
+Why one module past 700 lines: it is the base every watcher is built on (the shared look, the
+outbox of events behind storage, watermarks, a watcher built late) and the edge form every wait
+gets, and Airflow stores the classpaths of :class:`EventTrigger`'s kinds here
+(``...events.EdgeEventTrigger``, ``...events.ConditionEventTrigger`` in its trigger rows), so
+they stay in this module; each wait's own watcher lives in its ``<wait>_events.py``.
 """
 
 from __future__ import annotations

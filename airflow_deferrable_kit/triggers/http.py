@@ -24,17 +24,19 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._http.client import (
-    MAX_REDIRECTS,
-    NOT_JSON,
-    SESSION_KEY,
-    TOO_LARGE,
-    Response,
-    Target,
+    HttpOptions,
     classify_aiohttp_error,
     close_session,
     is_transient_status,
     load_options,
     open_session,
+    status_error_type,
+)
+from airflow_deferrable_kit._http.responses import (
+    MAX_REDIRECTS,
+    NOT_JSON,
+    TOO_LARGE,
+    Response,
     parse_retry_after,
     send_shared,
 )
@@ -201,7 +203,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
         self.keep_last_response = False
         self.last_response: Response | None = None
         self._seen: int | None = None  # id() of the response the last poll judged: never judged twice
-        self._target: Target | None = None
+        self._target: HttpOptions | None = None
         self._hold_off: float | None = None
         self._last: str | None = None
 
@@ -262,10 +264,10 @@ class HttpBatchReadyTrigger(PollingTrigger):
         body cap) started within :func:`~airflow_deferrable_kit._shared_polls.reuse_window` of
         this wait's poll interval answers instead, in flight or just finished.
         """
-        # The session first: its factory imports aiohttp (and yarl) off the loop.
-        session = await self.lease(SESSION_KEY, open_session, close_session)
         if self._target is None:
             self._target = await load_options(self.http_conn_id)
+        target = self._target
+        session = await self.lease(target.lease_key, lambda: open_session(target), close_session)
         method = self.method.upper()
         url = self._target.url(self.endpoint, self.query)
         response = await send_shared(
@@ -522,21 +524,6 @@ def response_for_event(response: Response, url: str) -> dict[str, Any]:
         "content": base64.b64encode(response.body).decode("ascii") if whole else None,
         "complete": whole,
     }
-
-
-def status_error_type(status: int) -> ErrorType:
-    """The vocabulary's name for an error status (the status itself is in the payload)."""
-    if status == 401 or status == 407:
-        return ErrorType.AUTHENTICATION
-    if status == 403:
-        return ErrorType.AUTHORIZATION
-    if status in (404, 410):
-        return ErrorType.NOT_FOUND
-    if status == 429:
-        return ErrorType.THROTTLED
-    if is_transient_status(status):
-        return ErrorType.NETWORK if status == 408 else ErrorType.UNAVAILABLE
-    return ErrorType.BAD_REQUEST
 
 
 #: What a status code may be given as, for messages.

@@ -25,7 +25,8 @@ import json
 from typing import Any, ClassVar, Final
 
 from airflow_deferrable_kit._arguments import take_official_name
-from airflow_deferrable_kit._http.client import NOT_JSON, TOO_LARGE, Response, is_transient_status
+from airflow_deferrable_kit._http.client import is_transient_status
+from airflow_deferrable_kit._http.responses import NOT_JSON, TOO_LARGE, Response
 from airflow_deferrable_kit._redact import redact
 from airflow_deferrable_kit.conditions import MISSING, ConditionSet, lookup, parse_path
 from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, WaitError

@@ -24,16 +24,18 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 from airflow_deferrable_kit._http.client import (
-    NOT_JSON,
-    SESSION_KEY,
-    TOO_LARGE,
-    Response,
-    Target,
+    HttpOptions,
     close_session,
     is_transient_status,
     load_options,
-    next_link,
     open_session,
+    status_error_type,
+)
+from airflow_deferrable_kit._http.responses import (
+    NOT_JSON,
+    TOO_LARGE,
+    Response,
+    next_link,
     parse_retry_after,
     send,
     send_shared,
@@ -44,7 +46,7 @@ from airflow_deferrable_kit.conditions import MISSING, lookup, parse_path
 from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, TransientError
 from airflow_deferrable_kit.payload import TIMEOUT, Found, cap_value, success_payload
 from airflow_deferrable_kit.triggers.base import parse_deadline
-from airflow_deferrable_kit.triggers.http import MAX_VALUE_CHARS, METHODS, HttpBatchReadyTrigger, status_error_type
+from airflow_deferrable_kit.triggers.http import MAX_VALUE_CHARS, METHODS, HttpBatchReadyTrigger
 
 #: Keys of the ``result`` parameter: where the result is and how its pages follow one another.
 RESULT_KEYS: Final = frozenset(
@@ -191,7 +193,7 @@ class HttpJobTrigger(HttpBatchReadyTrigger):
         if not isinstance(endpoint, str) or not endpoint.strip():
             raise ValueError(f"endpoint must be the job's status URL (a path or an http(s) URL), got {endpoint!r}")
         # The base refuses absolute URLs (credentials go only where the connection points); a
-        # job's status URL is the server's to choose, and Target.at() keeps that rule per request.
+        # job's status URL is the server's to choose, and HttpOptions.at() keeps that rule per request.
         self.endpoint = ""
         try:
             super().validate()
@@ -217,7 +219,7 @@ class HttpJobTrigger(HttpBatchReadyTrigger):
                 job_link(template, self.job_id, argument=key)
         self._pages: _Pages | None = None
         self._done: Found | None = None
-        self._job_target: Target | None = None
+        self._job_target: HttpOptions | None = None
         self._started_wait = False
 
     @property
@@ -252,11 +254,12 @@ class HttpJobTrigger(HttpBatchReadyTrigger):
             payload = {**payload, "cancel": cancelled}
         return payload
 
-    async def _session_and_target(self) -> tuple[Any, Target]:
-        session = await self.lease(SESSION_KEY, open_session, close_session)
+    async def _session_and_target(self) -> tuple[Any, HttpOptions]:
         if self._target is None:
             self._target = await load_options(self.http_conn_id)
-        return session, self._target
+        target = self._target
+        session = await self.lease(target.lease_key, lambda: open_session(target), close_session)
+        return session, target
 
     async def fetch(self) -> tuple[Response, str, str]:
         """One status poll of the job; identical polls (another wait on the same job) share it."""

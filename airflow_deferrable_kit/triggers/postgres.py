@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
 from airflow_deferrable_kit._postgres.batches import PostgresBatches, close_batches, open_batches
-from airflow_deferrable_kit._postgres.client import classify_postgres_error, close_pool, open_pool, pooled
+from airflow_deferrable_kit._postgres.client import (
+    PostgresOptions,
+    classify_postgres_error,
+    close_pool,
+    load_options,
+    open_pool,
+    pooled,
+)
 from airflow_deferrable_kit._postgres.listener import close_listener, start_listener
 from airflow_deferrable_kit._postgres.values import coerce_arguments, row_document
 from airflow_deferrable_kit._shared_polls import reuse_window
@@ -267,6 +274,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         "_batching",
         "_bound",
         "_conditions",
+        "_connect_options",
         "_labels",
         "_sql",
     )  # its state: see PollingTrigger.__slots__
@@ -323,6 +331,7 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         self._bound: list[Any] | None = None
         self._batching = False
         self._batches: PostgresBatches | None = None
+        self._connect_options: PostgresOptions | None = None  # the connection, read once per run
 
     def _canonical_conditions(self) -> list[dict[str, Any]]:
         """Every acceptor in order: the user's groups, with the status column's rules first in theirs.
@@ -385,9 +394,14 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         return f"Postgres query {truncate_text(' '.join(self._sql.split()), 120)!r} ({self.postgres_conn_id})"
 
     # ----------------------------------------------------------------------- the check
+    async def _options(self) -> PostgresOptions:
+        if self._connect_options is None:
+            self._connect_options = await load_options(self.postgres_conn_id)
+        return self._connect_options
+
     async def _pool(self) -> asyncpg.Pool:
-        conn_id = self.postgres_conn_id
-        pool: asyncpg.Pool = await self.lease(("postgres-pool", conn_id), lambda: open_pool(conn_id), close_pool)
+        options = await self._options()
+        pool: asyncpg.Pool = await self.lease(options.lease_key, lambda: open_pool(options), close_pool)
         return pool
 
     async def fetch_row(self) -> Any:
@@ -400,11 +414,12 @@ class PostgresBatchMarkerTrigger(PollingTrigger):
         """
         if not self._batching:
             return await self._fetch_alone()
-        conn_id, timeout = self.postgres_conn_id, float(self.statement_timeout)
+        timeout = float(self.statement_timeout)
         batches = self._batches
         if batches is None:  # leased once, held until the wait ends
+            options = await self._options()
             batches = self._batches = await self.lease(
-                ("postgres-batches", conn_id), lambda: open_batches(conn_id), close_batches
+                ("postgres-batches", options.conn_id), lambda: open_batches(options), close_batches
             )
         if self._bound is None:
             types = await batches.parameter_types(self._sql, timeout)

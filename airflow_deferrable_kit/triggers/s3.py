@@ -3,7 +3,7 @@
 Runs on aiobotocore with one client per (connection, region, endpoint) shared by every S3 wait
 in the triggerer process. A HEAD that says 404 is "not yet"; throttling, 5xx and network errors
 back off; a missing bucket, a 403 or bad credentials end the wait at once with a clear message.
-Wildcard waits on the same literal prefix share one listing (see ``listing_reuse_window``), and
+Wildcard waits on the same literal prefix share one listing (``list_prefix``), and
 so do many exact-key waits in one folder or under one prefix when that is cheaper than a HEAD
 each (``find_object``).
 The success payload says which objects matched, with size, ETag and last-modified time.
@@ -20,13 +20,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 from airflow_deferrable_kit._arguments import require_conn_id
-from airflow_deferrable_kit._s3.client import (
-    S3Settings,
-    classify_s3_error,
-    load_options,
-    missing_code,
-)
-from airflow_deferrable_kit._s3.poller import Listing, S3Poller, close_poller, listing_reuse_window, open_poller
+from airflow_deferrable_kit._s3.client import S3Missing, S3Options, classify_s3_error, load_options, s3_request
+from airflow_deferrable_kit._s3.poller import Listing, S3Poller, close_poller, open_poller
 from airflow_deferrable_kit.errors import ErrorType, WaitError
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger
@@ -175,25 +170,6 @@ def keys_payload(objects: Iterable[dict[str, Any]], total: int) -> dict[str, Any
     return {"keys": listed, "keys_not_listed": total - len(listed)}
 
 
-async def s3_request(what: str, where: str, request: Awaitable[Any]) -> Any:
-    """Await one S3 request, turning a ``ClientError`` into a transient or fatal error.
-
-    A "missing" answer (404, ``NoSuchKey``) is raised as it is: only the caller knows whether
-    it means "not yet" or a missing bucket.
-    """
-    from botocore.exceptions import ClientError
-
-    try:
-        return await request
-    except ClientError as exc:
-        if missing_code(exc) is not None:
-            raise
-        error = classify_s3_error(exc, what=what, where=where)
-        if error is None:  # not reached: every ClientError is classified
-            raise
-        raise error from exc
-
-
 class S3KeyTrigger(PollingTrigger):
     """Fire when every key (or wildcard pattern) in ``bucket_key`` exists in S3.
 
@@ -228,7 +204,7 @@ class S3KeyTrigger(PollingTrigger):
     def __post_init__(self) -> None:
         self._targets: list[tuple[str, str]] = []
         self._patterns: list[KeyPattern] = []  # the targets compiled, with wildcard_match
-        self._settings: S3Settings | None = None  # the connection, read once per run
+        self._settings: S3Options | None = None  # the connection, read once per run
         self._first_missing = 0  # index of the key that was missing at the last poll
         self._buckets_seen: tuple[str, ...] = ()  # buckets known to exist (usually one: a tuple is the smallest)
         super().__post_init__()
@@ -277,7 +253,7 @@ class S3KeyTrigger(PollingTrigger):
         return poller
 
     async def _call(self, what: str, request: Awaitable[Any]) -> Any:
-        """Await one S3 request, turning a ``ClientError`` into a transient or fatal error."""
+        """Await one S3 request, botocore's errors turned into ours (a 404 into :class:`S3Missing`)."""
         return await s3_request(what, self._where(), request)
 
     async def _check_keys(self, client: S3Poller) -> Found | None:
@@ -309,15 +285,13 @@ class S3KeyTrigger(PollingTrigger):
 
     async def _require_bucket(self, client: S3Poller, bucket: str) -> None:
         """A HEAD 404 cannot tell a missing key from a missing bucket: ask once per bucket."""
-        from botocore.exceptions import ClientError
-
         if bucket in self._buckets_seen:
             return
         try:
             await self._call(f"HEAD bucket s3://{bucket}", client.head_bucket(bucket))
-        except ClientError as exc:  # only a "missing" answer gets here unclassified
+        except S3Missing as exc:
             raise FatalError(
-                f"s3://{bucket}: the bucket does not exist (HEAD bucket: {missing_code(exc)})",
+                f"s3://{bucket}: the bucket does not exist (HEAD bucket: {exc.code})",
                 error_type=ErrorType.NOT_FOUND,
             ) from exc
         except FatalError as exc:
@@ -328,7 +302,7 @@ class S3KeyTrigger(PollingTrigger):
 
     async def _check_patterns(self, client: S3Poller) -> Found | None:
         # A listing of the same prefix that another wait started moments ago answers this poll too.
-        max_age = listing_reuse_window(float(self.poll_interval))
+        interval = float(self.poll_interval)
         listings: dict[tuple[str, str], Listing] = {}
         seen: set[tuple[str, str]] = set()
         objects: list[dict[str, Any]] = []
@@ -338,7 +312,7 @@ class S3KeyTrigger(PollingTrigger):
             listing = listings.get((bucket, prefix))
             if listing is None:
                 listing = listings[bucket, prefix] = await self._call(
-                    f"LIST s3://{bucket}/{prefix}", client.list_prefix(bucket, prefix, max_age=max_age)
+                    f"LIST s3://{bucket}/{prefix}", client.list_prefix(bucket, prefix, poll_interval=interval)
                 )
             matched = 0
             for index in target.matches(listing):
@@ -367,4 +341,4 @@ class S3KeyTrigger(PollingTrigger):
         return self._settings.describe() if self._settings is not None else f"aws_conn_id={self.aws_conn_id!r}"
 
 
-__all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "keys_payload", "resolve_targets", "s3_request"]
+__all__ = ["MAX_LISTED_KEYS", "S3KeyTrigger", "keys_payload", "resolve_targets"]

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Final
 
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._event_streams import Board
-from airflow_deferrable_kit._s3.poller import Listing, listing_reuse_window
+from airflow_deferrable_kit._s3.poller import Listing
 from airflow_deferrable_kit.triggers.events import EventTrigger, event_payload
 from airflow_deferrable_kit.triggers.s3 import KeyPattern, S3KeyTrigger, describe_object
 
@@ -142,11 +142,11 @@ class S3KeyEventTrigger(EventTrigger, S3KeyTrigger):
     # ---------------------------------------------------------------------- the shared look
     async def poll(self, board: Board) -> dict[tuple[str, str], _Snapshot]:
         client = await self._client()
-        max_age = listing_reuse_window(float(self.poll_interval))
+        interval = float(self.poll_interval)
         snapshots = {}
         for bucket, prefix in self._prefixes:
             listing = await self._call(
-                f"LIST s3://{bucket}/{prefix}", client.list_prefix(bucket, prefix, max_age=max_age)
+                f"LIST s3://{bucket}/{prefix}", client.list_prefix(bucket, prefix, poll_interval=interval)
             )
             snapshots[bucket, prefix] = _Snapshot(listing)
         return snapshots

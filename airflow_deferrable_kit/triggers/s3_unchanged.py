@@ -18,11 +18,11 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from airflow_deferrable_kit._arguments import require_conn_id, require_seconds
-from airflow_deferrable_kit._s3.client import S3Settings, classify_s3_error, load_options
-from airflow_deferrable_kit._s3.poller import Listing, S3Poller, close_poller, listing_reuse_window, open_poller
+from airflow_deferrable_kit._s3.client import S3Options, classify_s3_error, load_options, s3_request
+from airflow_deferrable_kit._s3.poller import Listing, S3Poller, close_poller, open_poller
 from airflow_deferrable_kit.errors import ErrorType, WaitError
 from airflow_deferrable_kit.triggers.base import FatalError, Found, PollingTrigger, parse_deadline
-from airflow_deferrable_kit.triggers.s3 import check_bucket_name, s3_request
+from airflow_deferrable_kit.triggers.s3 import check_bucket_name
 
 #: Pages (of up to 1,000 objects) an inactivity wait lists a prefix with. It keeps the prefix's
 #: keys in memory between polls, so a prefix that holds more ends the wait with an error.
@@ -123,7 +123,7 @@ class S3KeysUnchangedTrigger(PollingTrigger):
     extra_modules = ("aiobotocore",)
 
     def __post_init__(self) -> None:
-        self._settings: S3Settings | None = None
+        self._settings: S3Options | None = None
         self._keys: tuple[str, ...] | None = None  # the last listing's keys, sorted (None: not known exactly)
         self._fingerprint: str | None = None  # ... or only their fingerprint and count (a hand-over)
         self._count = 0
@@ -252,7 +252,7 @@ class S3KeysUnchangedTrigger(PollingTrigger):
             poller.list_prefix(
                 self.bucket_name,
                 self.prefix,
-                max_age=listing_reuse_window(float(self.poll_interval)),
+                poll_interval=float(self.poll_interval),
                 max_pages=MAX_PREFIX_PAGES,
                 seen=self._listing_id,
             ),

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from airflow_deferrable_kit import _redact
-from airflow_deferrable_kit._http.client import MAX_REDIRECTS, keeps_credentials
+from airflow_deferrable_kit._http.client import keeps_credentials
+from airflow_deferrable_kit._http.responses import MAX_REDIRECTS
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.base import deadline_after
 from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit._http import client as _http_client
-from airflow_deferrable_kit._http.client import shared_responses
+from airflow_deferrable_kit._http import responses
+from airflow_deferrable_kit._http.responses import shared_responses
 from airflow_deferrable_kit._shared_polls import REUSE_MAX, SharedAnswers, reuse_window
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
@@ -270,7 +270,7 @@ async def test_cancelling_every_wait_cancels_their_shared_request(serve: Serve, 
 
     def request_tasks() -> list[asyncio.Task[Any]]:
         coros = ((t, t.get_coro()) for t in asyncio.all_tasks())
-        return [t for t, c in coros if getattr(c, "cr_code", None) is _http_client.send.__code__]
+        return [t for t, c in coros if getattr(c, "cr_code", None) is responses.send.__code__]
 
     assert len(request_tasks()) == 1
     for task in tasks:

@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 import airflow_deferrable_kit.triggers.http as http_module
-from airflow_deferrable_kit._http import client as _http_client
+from airflow_deferrable_kit._http import responses
 from airflow_deferrable_kit._http.client import SESSION_KEY, SESSION_LIMIT_PER_HOST
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.connections import get_connection
@@ -234,13 +234,13 @@ async def test_large_json_is_parsed_off_the_loop_and_big_values_are_capped(
         parsed_on.append((threading.current_thread().name, len(text)))
         return real_loads(text, *args, **kwargs)
 
-    monkeypatch.setattr(_http_client.json, "loads", spy)
+    monkeypatch.setattr(responses.json, "loads", spy)
     payload = await run_trigger_payload(
         make(conn, acceptors=[acceptor("success", **READY)], select=["rows", "rows[-1]"])
     )
     monkeypatch.undo()
     assert payload["status"] == "success"
-    big_parses = [name for name, size in parsed_on if size > _http_client.THREAD_PARSE_BYTES]
+    big_parses = [name for name, size in parsed_on if size > responses.THREAD_PARSE_BYTES]
     assert big_parses and threading.main_thread().name not in big_parses
     assert payload["fields"]["rows[-1]"] == 99_999
     assert isinstance(payload["fields"]["rows"], str) and "more characters" in payload["fields"]["rows"]
@@ -508,8 +508,8 @@ async def test_one_session_and_few_sockets_for_many_triggers(
     opened: list[Any] = []
     real_open = http_module.open_session
 
-    async def counting_open() -> Any:
-        session = await real_open()
+    async def counting_open(options: Any) -> Any:
+        session = await real_open(options)
         opened.append(session)
         return session
 

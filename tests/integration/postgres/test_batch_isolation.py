@@ -22,6 +22,7 @@ from airflow_deferrable_kit._postgres.batches import (
     open_batches,
     statement_count,
 )
+from airflow_deferrable_kit._postgres.client import load_options
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.errors import TransientError, WaitError
 from airflow_deferrable_kit.testing import run_trigger_payload
@@ -102,7 +103,7 @@ async def test_many_waits_of_a_few_tens_of_milliseconds_fit_one_statement(
         f"INSERT INTO {markers} (batch_id, status) SELECT 'k' || g, 'done' FROM generate_series(0, 19) g"
     )
     sql = f"SELECT batch_id FROM {markers}, pg_sleep(0.1 + 0 * length($1)) WHERE batch_id = $1 LIMIT 1"
-    engine = await open_batches(conn_id)
+    engine = await open_batches(await load_options(conn_id))
     try:
         await engine.parameter_types(sql, 1.0)
         before = statement_count()
@@ -257,7 +258,7 @@ async def test_two_hundred_healthy_neighbours_of_a_slow_query_are_answered_while
     )
     sql = f"SELECT * FROM {markers} WHERE batch_id = $1 AND {slow_for}(batch_id) LIMIT 1"
     keys = [f"h{i}" for i in range(200)]
-    engine = await open_batches(conn_id)
+    engine = await open_batches(await load_options(conn_id))
     try:
         await engine.parameter_types(sql, 2.0)
         warm = await asyncio.gather(*(engine.fetch_row(sql, [key], timeout=2.0, window=0.1) for key in keys))

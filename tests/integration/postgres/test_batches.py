@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from airflow_deferrable_kit._postgres import batches as _postgres_batches
+from airflow_deferrable_kit._postgres import batches
 from airflow_deferrable_kit._postgres.batches import (
     PostgresBatches,
     ask_key,
@@ -25,6 +25,7 @@ from airflow_deferrable_kit._postgres.batches import (
     rewrite_placeholders,
     statement_count,
 )
+from airflow_deferrable_kit._postgres.client import load_options
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
@@ -102,7 +103,7 @@ async def test_one_statement_answers_a_window_and_cancelling_one_ask_leaves_the_
     await admin.executemany(
         f"INSERT INTO {markers} (batch_id, status) VALUES ($1, $2)", [("a", "done"), ("b", "running"), ("b", "done")]
     )
-    engine = await open_batches(conn_id)
+    engine = await open_batches(await load_options(conn_id))
     try:
         sql = f"SELECT batch_id, status FROM {markers} WHERE batch_id = $1 ORDER BY status = 'done' DESC LIMIT 1"
         await engine.parameter_types(sql, 10)
@@ -361,7 +362,7 @@ async def test_a_connection_the_server_closes_mid_batch_is_not_used_for_the_next
     sleep = f"pg_sleep(CASE WHEN EXISTS (SELECT FROM {gate}) THEN 0 ELSE 30 END)"
     shapes = [f"SELECT {alias}.batch_id FROM {markers} AS {alias}, {sleep} WHERE {alias}.batch_id = $1 LIMIT 1"
               for alias in ("m1", "m2")]  # fmt: skip
-    engine = await open_batches(conn_id)
+    engine = await open_batches(await load_options(conn_id))
     try:
         for sql in shapes:
             await engine.parameter_types(sql, 60)
@@ -389,12 +390,12 @@ async def test_a_connection_the_server_closes_mid_batch_is_not_used_for_the_next
         await admin.execute(f"DROP TABLE {gate}")
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     answered = [dict(o.items()) for o in outcomes if not isinstance(o, BaseException)]
-    assert len(errors) == 1 and _postgres_batches._is_transient(errors[0]), outcomes  # the one in flight
+    assert len(errors) == 1 and batches._is_transient(errors[0]), outcomes  # the one in flight
     assert answered == [{"batch_id": "a"}]  # the one after it, on a fresh connection
     assert held_keys() == {}
 
 
 def test_the_engine_counts_every_statement() -> None:
     before = statement_count()
-    _postgres_batches._count(3)
+    batches._count(3)
     assert statement_count() == before + 3

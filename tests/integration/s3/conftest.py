@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit._s3.client import S3Settings, open_client
+from airflow_deferrable_kit._s3.client import S3Options, new_client
 from scripts import services
 from tests.integration.s3.fault_proxy import FaultProxy
 
@@ -18,8 +18,8 @@ SECRET = "s3-test-secret-DO-NOT-LEAK-7f3a"
 CONN_ID = "s3_test"
 
 
-def admin_settings(endpoint_url: str, key: str = "test", secret: str = "test") -> S3Settings:
-    return S3Settings(
+def admin_settings(endpoint_url: str, key: str = "test", secret: str = "test") -> S3Options:
+    return S3Options(
         conn_id="admin", region_name="us-east-1", endpoint_url=endpoint_url, access_key_id=key, secret_access_key=secret
     )
 
@@ -27,7 +27,7 @@ def admin_settings(endpoint_url: str, key: str = "test", secret: str = "test") -
 @pytest.fixture
 async def admin(s3_server: services.S3Server) -> AsyncIterator[Any]:
     """A plain client to set the stage (create buckets, put objects) on the real server."""
-    client = await open_client(admin_settings(s3_server.endpoint_url))
+    client = await new_client(admin_settings(s3_server.endpoint_url))
     try:
         yield client
     finally:

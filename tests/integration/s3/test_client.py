@@ -22,8 +22,7 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from airflow_deferrable_kit._s3 import client as _s3_client
-from airflow_deferrable_kit._s3 import poller as s3_poller
+from airflow_deferrable_kit._s3 import client, poller
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.errors import FatalError, TransientError
 from airflow_deferrable_kit.testing import run_trigger_payload
@@ -54,7 +53,7 @@ async def drive(trigger: S3KeyTrigger) -> Any:
 
 # ------------------------------------------------------------------- connection fields
 def test_connection_fields_map_to_client_settings() -> None:
-    settings = _s3_client.options_from_connection(
+    settings = client.options_from_connection(
         "c",
         "AKIAX",
         SECRET,
@@ -75,17 +74,17 @@ def test_connection_fields_map_to_client_settings() -> None:
     assert SECRET not in repr(settings) and "tok" not in repr(settings)
     assert SECRET not in repr(settings.lease_key)
 
-    from_extra = _s3_client.options_from_connection(
+    from_extra = client.options_from_connection(
         "c", None, None, {"aws_access_key_id": "AKIAE", "aws_secret_access_key": "s"}
     )
     assert from_extra.explicit_keys and from_extra.access_key_id == "AKIAE"
-    chain = _s3_client.options_from_connection("c", None, None, {"region_name": "us-east-2"})
+    chain = client.options_from_connection("c", None, None, {"region_name": "us-east-2"})
     assert not chain.explicit_keys and chain.endpoint_url is None
 
 
 def test_lease_key_is_per_connection_region_endpoint_and_changes_with_the_secret() -> None:
     def make(**extra: Any) -> Any:
-        return _s3_client.options_from_connection("c", "AKIAX", extra.pop("secret", SECRET), extra)
+        return client.options_from_connection("c", "AKIAX", extra.pop("secret", SECRET), extra)
 
     assert make(region_name="us-east-1").lease_key == make(region_name="us-east-1").lease_key
     assert make(region_name="us-east-1").lease_key != make(region_name="eu-west-1").lease_key
@@ -109,7 +108,7 @@ def test_unusable_connections_are_fatal(
     login: Any, password: Any, extra: dict[str, Any], error_type: str, says: str
 ) -> None:
     with pytest.raises(FatalError) as caught:
-        _s3_client.options_from_connection("c", login, password, extra)
+        client.options_from_connection("c", login, password, extra)
     assert caught.value.error_type == error_type
     assert says in caught.value.message
     assert "aws_conn_id='c'" in caught.value.message
@@ -183,7 +182,7 @@ def client_error(code: str, status: int, op: str = "HeadObject", headers: dict[s
     ],
 )
 def test_client_errors_are_classified(code: str, status: int, kind: type, error_type: str, says: str) -> None:
-    error = _s3_client.classify_s3_error(client_error(code, status), what="HEAD s3://b/k", where="aws_conn_id='c'")
+    error = client.classify_s3_error(client_error(code, status), what="HEAD s3://b/k", where="aws_conn_id='c'")
     assert type(error) is kind
     assert error.error_type == error_type
     assert "HEAD s3://b/k" in error.message and says in error.message
@@ -191,7 +190,7 @@ def test_client_errors_are_classified(code: str, status: int, kind: type, error_
 
 def test_retry_after_is_honoured() -> None:
     slow_down = client_error("SlowDown", 503, headers={"retry-after": "2"})
-    error = _s3_client.classify_s3_error(slow_down, what="LIST s3://b/", where="aws_conn_id='c'")
+    error = client.classify_s3_error(slow_down, what="LIST s3://b/", where="aws_conn_id='c'")
     assert isinstance(error, TransientError) and error.retry_after == 2.0
 
 
@@ -205,7 +204,7 @@ def test_botocore_errors_are_classified() -> None:
 
 
 def test_our_own_errors_and_other_exceptions_are_left_to_the_base_trigger() -> None:
-    assert _s3_client.classify_s3_error(ValueError("not botocore's"), what="HEAD s3://b/k", where="c") is None
+    assert client.classify_s3_error(ValueError("not botocore's"), what="HEAD s3://b/k", where="c") is None
     ours = FatalError("s3://b: the bucket does not exist", error_type="not_found")
     assert S3KeyTrigger(bucket_key="s3://bkt/k", aws_conn_id="c").classify_error(ours) is ours
 
@@ -221,13 +220,13 @@ async def test_waits_on_one_connection_keep_one_settings_and_a_changed_connectio
     make_conn: Any, s3_server: services.S3Server
 ) -> None:
     conn_id = make_conn(s3_server.endpoint_url)
-    first, second = await _s3_client.load_options(conn_id), await _s3_client.load_options(conn_id)
+    first, second = await client.load_options(conn_id), await client.load_options(conn_id)
     assert first is second  # equal reads share one instance (10,000 waits keep one, not 10,000)
     make_conn(s3_server.endpoint_url, password="rotated-secret")
-    rotated = await _s3_client.load_options(conn_id)
+    rotated = await client.load_options(conn_id)
     assert rotated is not first and rotated.secret_access_key == "rotated-secret"
     assert rotated.lease_key != first.lease_key  # so the rotated key gets a client of its own
-    assert (await _s3_client.load_options(None)) is (await _s3_client.load_options(None))
+    assert (await client.load_options(None)) is (await client.load_options(None))
 
 
 async def test_role_arn_is_reported_as_unsupported(make_conn: Any, s3_server: services.S3Server) -> None:
@@ -329,14 +328,14 @@ async def test_many_triggers_share_one_client(
     admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str, make_conn: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     created: list[Any] = []
-    real_create = s3_poller.open_client
+    real_create = poller.new_client
 
     async def counting_create(settings: Any) -> Any:
-        client = await real_create(settings)
+        made = await real_create(settings)
         created.append(settings.conn_id)
-        return client
+        return made
 
-    monkeypatch.setattr(s3_poller, "open_client", counting_create)
+    monkeypatch.setattr(poller, "new_client", counting_create)
     other_conn = make_conn(proxy.url, conn_id="s3_test_other")
     n = 50
     triggers = [
@@ -348,7 +347,7 @@ async def test_many_triggers_share_one_client(
     await settle(lambda: sorted(held_keys().values()) == [1, n])
     await settle(lambda: proxy.count("HEAD") >= 3 * n)
     assert sorted(created) == sorted([proxy_conn, other_conn])  # one client per connection, not per trigger
-    assert len(proxy.peers) <= 2 * _s3_client.DEFAULT_CONFIG["max_pool_connections"]
+    assert len(proxy.peers) <= 2 * client.DEFAULT_CONFIG["max_pool_connections"]
 
     await put_many(admin, bucket, [f"shared/{i}.csv" for i in range(n)])
     payloads = await asyncio.gather(*tasks)
@@ -454,7 +453,7 @@ async def cold_start(count: int, connections: int, bucket: str, make_conn: Any, 
     conn_ids = [make_conn(endpoint, conn_id=f"s3_cold_{i}") for i in range(connections)]
     # Airflow's own first connection lookup in a process imports its secrets machinery on the
     # loop; a running triggerer has done that long before. Do it here, outside the measurement.
-    await _s3_client.load_options(conn_ids[0])
+    await client.load_options(conn_ids[0])
     return [
         S3KeyTrigger(bucket_key=f"s3://{bucket}/ready.csv", aws_conn_id=conn_ids[i % connections], poll_interval=0.05)
         for i in range(count)
@@ -481,7 +480,7 @@ async def test_two_hundred_triggers_start_without_blocking_the_loop(
     # thread). aiobotocore itself is already imported by the admin fixture: this environment runs
     # with PYTHONDONTWRITEBYTECODE, so a first import compiles every module, which says nothing
     # about the trigger (with .pyc files the threaded import holds the loop for ~10 ms at most).
-    monkeypatch.setattr(_s3_client, "_loaders", {})
+    monkeypatch.setattr(client, "_loaders", {})
     triggers = await cold_start(200, 4, bucket, make_conn, s3_server.endpoint_url)
 
     with collector_paused(), loop_cpu_per_callback(0.05) as heavy, blocking_calls_on_this_thread() as calls:
@@ -505,7 +504,7 @@ async def test_a_cold_client_build_never_holds_the_loop_with_the_gil(
     thread that was not computing (seen at 0.061 s, with 0.000 s of CPU on the loop thread).
     """
     await admin.put_object(Bucket=bucket, Key="ready.csv", Body=b"ok")
-    monkeypatch.setattr(_s3_client, "_loaders", {})
+    monkeypatch.setattr(client, "_loaders", {})
     triggers = await cold_start(20, 1, bucket, make_conn, s3_server.endpoint_url)
 
     with (

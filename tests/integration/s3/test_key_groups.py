@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit._s3 import poller as _s3_poller
-from airflow_deferrable_kit._s3.client import open_client
+from airflow_deferrable_kit._s3.client import new_client
 from airflow_deferrable_kit._s3.key_groups import (
     HEAD_ONLY_SECONDS,
     MAX_LISTING_PAGES,
@@ -110,7 +109,7 @@ async def test_min_size_decides_as_with_head(admin: Any, bucket: str, proxy: Fau
 async def test_a_folder_listing_past_the_page_bound_puts_the_folder_on_head(
     admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_s3_poller, "MAX_LISTING_PAGES", 1)
+    monkeypatch.setattr("airflow_deferrable_kit._s3.poller.MAX_LISTING_PAGES", 1)
     await put_many(admin, bucket, [f"run-42/other-{j:04d}.txt" for j in range(1001)])  # two pages
     triggers = waits(bucket, proxy_conn)
     tasks = [asyncio.create_task(run_trigger_payload(t, timeout=120)) for t in triggers]
@@ -157,7 +156,7 @@ async def test_a_refused_listing_falls_back_to_head_and_fails_no_wait(
 async def test_a_throttled_listing_is_the_transient_error_a_throttled_head_is(
     admin: Any, bucket: str, proxy: FaultProxy
 ) -> None:
-    poller = S3Poller(await open_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
+    poller = S3Poller(await new_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
     try:
         group = poller._groups.groups[bucket, "run-42/"] = KeyGroup("run-42/")
         now = asyncio.get_running_loop().time()
@@ -262,7 +261,7 @@ async def test_min_size_decides_as_with_head_for_a_run_prefix(
 async def test_a_run_prefix_holding_more_than_the_bound_falls_back_to_head(
     admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_s3_poller, "MAX_LISTING_PAGES", 1)
+    monkeypatch.setattr("airflow_deferrable_kit._s3.poller.MAX_LISTING_PAGES", 1)
     # Two pages of unrelated objects, all sorting before the waited keys: the one page the
     # listing stops at says nothing of them, so it must answer none.
     await put_many(admin, bucket, [f"{RUN}_logs/{j:04d}.txt" for j in range(1001)])
@@ -309,7 +308,7 @@ async def test_keys_that_share_no_folder_are_headed_as_before(
 async def test_a_key_that_appears_later_is_found_by_the_next_round_of_a_run_prefix(
     admin: Any, bucket: str, proxy: FaultProxy
 ) -> None:
-    poller = S3Poller(await open_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
+    poller = S3Poller(await new_client(admin_settings(proxy.url)), where="aws_conn_id='x'")
     # A long interval (a 1 s window, 20 expected polls in it): a slow round on a busy machine
     # leaves no key stale before the next one.
     interval = 10.0

@@ -1,7 +1,7 @@
 """How the S3 waits poll through the one poller of their connection: listings shared by the waits
 on one prefix, one bucket check for many waits, and patterns matched against a shared listing.
 Requests are counted by the fault proxy in front of the real S3 API server. The direct requests
-themselves are tested in test_requests.py."""
+themselves are tested in test_signed.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_deferrable_kit._s3.client import open_client
+from airflow_deferrable_kit._s3.client import new_client
 from airflow_deferrable_kit._s3.poller import LISTING_REUSE_MAX, Listing, S3Poller, listing_reuse_window
 from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
@@ -133,14 +133,14 @@ async def test_cancelling_every_wait_cancels_their_shared_listing(
 
 async def test_a_listing_answers_only_polls_within_its_window(admin: Any, bucket: str, proxy: FaultProxy) -> None:
     await put_many(admin, bucket, ["win/a.csv", "win/b.csv"])
-    poller = S3Poller(await open_client(admin_settings(proxy.url)))
+    poller = S3Poller(await new_client(admin_settings(proxy.url)))
     try:
-        first = await poller.list_prefix(bucket, "win/", max_age=30)
-        again = await poller.list_prefix(bucket, "win/", max_age=30)
+        first = await poller.list_prefix_within(bucket, "win/", max_age=30)
+        again = await poller.list_prefix_within(bucket, "win/", max_age=30)
         assert again is first and proxy.count("GET") == 1
 
         await admin.put_object(Bucket=bucket, Key="win/c.csv", Body=b"c")
-        fresh = await poller.list_prefix(bucket, "win/", max_age=0)  # started before this poll: too old
+        fresh = await poller.list_prefix_within(bucket, "win/", max_age=0)  # started before this poll: too old
         assert fresh.keys == ("win/a.csv", "win/b.csv", "win/c.csv")
         assert proxy.count("GET") == 2
         # Kept at most LISTING_REUSE_MAX seconds after it started, then dropped.

@@ -15,7 +15,7 @@ from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_deferrable_kit import extras
-from airflow_deferrable_kit._s3.client import open_client
+from airflow_deferrable_kit._s3.client import new_client
 from airflow_deferrable_kit.sensors.base import WaitFailedError
 from airflow_deferrable_kit.sensors.s3 import S3KeySensor
 from airflow_deferrable_kit.testing import assert_defers, make_context
@@ -31,7 +31,7 @@ def s3_admin(endpoint_url: str, *calls: tuple[str, dict[str, Any]]) -> None:
     """Run admin calls (e.g. ("put_object", {...})) from synchronous tests."""
 
     async def run() -> None:
-        client = await open_client(admin_settings(endpoint_url))
+        client = await new_client(admin_settings(endpoint_url))
         try:
             for method, kwargs in calls:
                 await getattr(client, method)(**kwargs)
@@ -107,7 +107,7 @@ def test_modules_import_aiobotocore_only_inside_functions() -> None:
         "airflow_deferrable_kit/triggers/s3.py",
         "airflow_deferrable_kit/_s3/client.py",
         "airflow_deferrable_kit/_s3/poller.py",
-        "airflow_deferrable_kit/_s3/requests.py",
+        "airflow_deferrable_kit/_s3/signed.py",
     ):
         tree = ast.parse((ROOT / relative).read_text())
         top_level = set()

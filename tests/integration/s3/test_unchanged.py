@@ -318,13 +318,13 @@ async def test_bounded_listings_share_with_each_other_and_with_an_unbounded_one(
     poller = await open_poller(await load_options(moto_conn))
     try:
         first, second = await asyncio.gather(
-            poller.list_prefix(bucket, "out/", max_age=30, max_pages=10),
-            poller.list_prefix(bucket, "out/", max_age=30, max_pages=10),
+            poller.list_prefix_within(bucket, "out/", max_age=30, max_pages=10),
+            poller.list_prefix_within(bucket, "out/", max_age=30, max_pages=10),
         )
         assert first is second  # one request for both
-        wildcard = await poller.list_prefix(bucket, "other/", max_age=30)
-        assert await poller.list_prefix(bucket, "other/", max_age=30, max_pages=10) is wildcard
-        again = await poller.list_prefix(bucket, "out/", max_age=30, max_pages=10, seen=id(first))
+        wildcard = await poller.list_prefix_within(bucket, "other/", max_age=30)
+        assert await poller.list_prefix_within(bucket, "other/", max_age=30, max_pages=10) is wildcard
+        again = await poller.list_prefix_within(bucket, "out/", max_age=30, max_pages=10, seen=id(first))
         assert again is not first  # a caller never judges the same listing twice
         assert again.keys == first.keys == ("out/a.csv", "out/b.csv")
     finally:

@@ -17,14 +17,13 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from airflow_deferrable_kit import _redact
 from airflow_deferrable_kit._http.client import (
-    MAX_RETRY_AFTER,
     base_url,
     classify_aiohttp_error,
     connection_headers,
     is_transient_status,
-    parse_retry_after,
     proxy_for,
 )
+from airflow_deferrable_kit._http.responses import MAX_RETRY_AFTER, parse_retry_after
 from airflow_deferrable_kit.errors import FatalError, TransientError
 
 
@@ -213,13 +212,15 @@ import airflow_deferrable_kit.sensors.http
 import airflow_deferrable_kit.triggers.http
 import airflow_deferrable_kit._http.client as http
 assert "aiohttp" not in sys.modules, "importing the sensor imported aiohttp"
+from yarl import URL
+options = http.HttpOptions(base=URL("http://localhost"), headers={}, ssl=True)
 imports = []
 def hook(event, args):
     if event == "open" and "/aiohttp/" in str(args[0]):
         imports.append(threading.get_ident())
 sys.addaudithook(hook)
 async def main():
-    session = await http.open_session()
+    session = await http.open_session(options)
     await http.close_session(session)
 asyncio.run(main())
 assert imports and threading.get_ident() not in imports, imports

@@ -12,7 +12,7 @@ import pytest
 from airflow_deferrable_kit import _wall_clock
 from airflow_deferrable_kit._wall_clock import WallClockAlarm
 from airflow_deferrable_kit.testing import run_trigger_payload
-from airflow_deferrable_kit.triggers import base, temporal
+from airflow_deferrable_kit.triggers import base, temporal, timing
 from airflow_deferrable_kit.triggers.base import deadline_after
 from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
 
@@ -143,6 +143,6 @@ async def test_a_waiting_datetime_trigger_keeps_few_objects_alive() -> None:
 def test_shared_sleep_slots_never_end_early_and_stay_within_their_share(seconds: float) -> None:
     for start in (1_000.0, 1_000.0013, 123_456.789):
         end = start + seconds
-        wakes = base._slot(end, seconds) * base.WAKE_RESOLUTION
+        wakes = timing._slot(end, seconds) * timing.WAKE_RESOLUTION
         assert wakes >= end - 1e-9
-        assert wakes - end <= max(base.WAKE_RESOLUTION, seconds * base.SLOT_SHARE) + 1e-9
+        assert wakes - end <= max(timing.WAKE_RESOLUTION, seconds * timing.SLOT_SHARE) + 1e-9

@@ -18,13 +18,8 @@ from hypothesis import strategies as st
 from airflow_deferrable_kit import clients
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, Found
 from airflow_deferrable_kit.testing import FakeClock, run_trigger, run_trigger_payload
-from airflow_deferrable_kit.triggers.base import (
-    MIN_RETRY_DELAY,
-    TURN_BUDGET,
-    WAKES_PER_TURN_START,
-    PollingTrigger,
-    deadline_after,
-)
+from airflow_deferrable_kit.triggers.base import MIN_RETRY_DELAY, PollingTrigger
+from airflow_deferrable_kit.triggers.timing import TURN_BUDGET, WAKES_PER_TURN_START, deadline_after
 from tests.unit.sample import CHECKS, LeasingTrigger, ScriptedSensor, ScriptedTrigger, script
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit._s3 import requests as direct
-from airflow_deferrable_kit._s3.client import open_client
+from airflow_deferrable_kit._s3 import signed
+from airflow_deferrable_kit._s3.client import new_client
 from airflow_deferrable_kit._s3.poller import S3Poller
 from airflow_deferrable_kit.testing import run_trigger_payload
 from tests.integration.s3.conftest import admin_settings, put_many
@@ -44,7 +44,7 @@ async def test_heads_of_unusual_keys_go_where_botocore_sends_them(
     ours = [s.raw_path for s in proxy.seen if s.method == "HEAD" and s.path != f"/{bucket}"]
     assert not any(from_botocore(proxy))
 
-    reference = await open_client(admin_settings(proxy.url))
+    reference = await new_client(admin_settings(proxy.url))
     try:
         for key in ODD_KEYS:
             await reference.head_object(Bucket=bucket, Key=key)
@@ -58,9 +58,9 @@ async def test_listings_of_unusual_keys_match_botocore(
     admin: Any, bucket: str, proxy: FaultProxy, proxy_conn: str
 ) -> None:
     await put_many(admin, bucket, [*ODD_KEYS, "odd/zz.txt"])
-    poller = S3Poller(await open_client(admin_settings(proxy.url)))
+    poller = S3Poller(await new_client(admin_settings(proxy.url)))
     try:
-        listing = await poller.list_prefix(bucket, "odd/", max_age=0)
+        listing = await poller.list_prefix_within(bucket, "odd/", max_age=0)
         reference = await poller.client.list_objects_v2(Bucket=bucket, Prefix="odd/")
     finally:
         await poller.close()
@@ -176,34 +176,34 @@ async def test_a_request_is_signed_only_when_a_pool_connection_is_free(
     admin: Any, bucket: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A server slower than the polls: the polls beyond the pool queue unsigned, and all answer."""
-    signed = 0
-    real_send_signed = direct.send_signed
+    sent_signed = 0
+    real_send_signed = signed.send_signed
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal signed
-        signed += 1
+        nonlocal sent_signed
+        sent_signed += 1
         return await real_send_signed(*args, **kwargs)
 
-    monkeypatch.setattr(direct, "send_signed", counting)
+    monkeypatch.setattr(signed, "send_signed", counting)
     await admin.put_object(Bucket=bucket, Key="queue/7.csv", Body=b"a")
     settings = dataclasses.replace(admin_settings(proxy.url), config_json=json.dumps({"max_pool_connections": 4}))
-    poller = S3Poller(await open_client(settings))
+    poller = S3Poller(await new_client(settings))
     try:
         await poller.head_object(bucket, "queue/warm.csv")  # the route, resolved once
         gate = proxy.hold_requests()
-        signed = 0
+        sent_signed = 0
         polls = [asyncio.create_task(poller.head_object(bucket, f"queue/{i}.csv")) for i in range(40)]
         for _ in range(100):
             await asyncio.sleep(0.02)
             if proxy.held == 4:
                 break
         await asyncio.sleep(0.2)  # anything more that would be signed, is
-        assert (signed, proxy.held) == (4, 4)
+        assert (sent_signed, proxy.held) == (4, 4)
         gate.set()
         answers = await asyncio.gather(*polls)
     finally:
         await poller.close()
-    assert signed == 40
+    assert sent_signed == 40
     assert [i for i, found in enumerate(answers) if found is not None] == [7]
 
 
@@ -219,7 +219,7 @@ async def test_a_request_hanging_on_the_server_holds_one_connection_and_no_other
     await admin.put_object(Bucket=bucket, Key="many/7.csv", Body=b"a")
     config = {"max_pool_connections": 2, "read_timeout": 3, "retries": {"max_attempts": 1, "mode": "standard"}}
     settings = dataclasses.replace(admin_settings(proxy.url), config_json=json.dumps(config))
-    poller = S3Poller(await open_client(settings))
+    poller = S3Poller(await new_client(settings))
     try:
         await poller.head_object(bucket, "many/warm.csv")  # the route, resolved once
         stalled = proxy.hold_matching(lambda request: request.path.endswith("/hung.csv"))
