@@ -4,7 +4,7 @@ Airflow already knows where metrics go (``[metrics] statsd_on``, ``statsd_datado
 ``otel_on``, with their host, port and prefix), so every wait reports through it: nothing to
 configure here, and nothing is sent where Airflow sends nothing. Each wait kind counts its polls,
 its transient and fatal errors (by ``error_type``), its events (by status), the backoff it slept
-and the time from start to event; :mod:`airflow_deferrable_kit.clients` reports the shared
+and the time from start to event; :mod:`airflow_deferrable_kit.leases` reports the shared
 clients open per client kind. docs/operations.md lists every metric.
 
 Cardinality is bounded by construction: a name or tag holds only the wait kind (a module or

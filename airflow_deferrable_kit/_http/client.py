@@ -5,7 +5,7 @@
   TLS. The trigger kwargs carry only the connection id, never a credential.
 * :func:`open_session` builds the one pooled keep-alive ``ClientSession`` every HTTP trigger of a
   process leases under :data:`SESSION_KEY` (``options.lease_key``, see
-  :mod:`airflow_deferrable_kit.clients`); a connection's credentials are applied per request, so
+  :mod:`airflow_deferrable_kit.leases`); a connection's credentials are applied per request, so
   waits on unrelated connections share it.
 * :meth:`HttpOptions.at` and :func:`keeps_credentials` keep a connection's credentials to its own
   origin, for a URL a server hands out and for a redirect

@@ -6,7 +6,7 @@ Every client package offers the same three verbs:
   triggerer; the trigger's kwargs carry only the ``kafka_conn_id``);
 * :func:`open_reader` / :func:`close_reader`: the shared client, here the connection's shared
   reader (:class:`~airflow_deferrable_kit._kafka.reader.ConnectionReader`), opened from the
-  options and leased by every wait on the connection in the process;
+  options and leased under :func:`reader_key` by every wait on the connection in the process;
 * :func:`classify_kafka_error`: aiokafka's exceptions -> ours, so no trigger names one.
 
 The engine behind it sits below in this package (see its docstring); aiokafka itself, with every
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from airflow_deferrable_kit._kafka.consumers import classify_kafka_error
 from airflow_deferrable_kit._kafka.reader import ConnectionReader
-from airflow_deferrable_kit._kafka.settings import KafkaOptions, load_options
+from airflow_deferrable_kit._kafka.settings import KafkaOptions, load_options, reader_key
 
 
 async def open_reader(options: KafkaOptions) -> ConnectionReader:
@@ -30,4 +30,4 @@ async def close_reader(reader: ConnectionReader) -> None:
     await reader.close()
 
 
-__all__ = ["KafkaOptions", "classify_kafka_error", "close_reader", "load_options", "open_reader"]
+__all__ = ["KafkaOptions", "classify_kafka_error", "close_reader", "load_options", "open_reader", "reader_key"]

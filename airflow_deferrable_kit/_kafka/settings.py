@@ -128,6 +128,11 @@ class KafkaOptions(Mapping[str, Any]):
     sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
     ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False)
 
+    @property
+    def lease_key(self) -> tuple[str, str]:
+        """The shared reader's key: one reader per connection id in the process (:func:`reader_key`)."""
+        return reader_key(self.conn_id)
+
     def _keywords(self) -> dict[str, Any]:
         keywords = {
             field.name: getattr(self, field.name)
@@ -147,6 +152,12 @@ class KafkaOptions(Mapping[str, Any]):
         return len(self._keywords())
 
 
+def reader_key(conn_id: str) -> tuple[str, str]:
+    """The lease key of a connection's shared reader, known before its options are loaded: the
+    reader loads them once, when the first wait on the connection opens it."""
+    return ("kafka-connection", conn_id)
+
+
 async def load_options(conn_id: str) -> KafkaOptions:
     """Resolve ``conn_id`` in the triggerer into aiokafka's client options (secrets never leave them)."""
     conn = await get_connection(conn_id, argument="kafka_conn_id", conn_types=("kafka",))
@@ -162,7 +173,14 @@ async def load_options(conn_id: str) -> KafkaOptions:
     return KafkaOptions(conn_id=conn_id, bootstrap_servers=servers, ssl_context=context, **options)
 
 
-__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "KafkaOptions", "load_options", "options_from_connection"]
+__all__ = [
+    "SASL_MECHANISMS",
+    "SECURITY_PROTOCOLS",
+    "KafkaOptions",
+    "load_options",
+    "options_from_connection",
+    "reader_key",
+]
 
 # ============================================================================ tunables
 # Per process, not per wait: the reader, its hand-out and its gates are shared by every wait of a

@@ -71,7 +71,7 @@ import re
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_deferrable_kit import clients
+from airflow_deferrable_kit import leases
 from airflow_deferrable_kit._backoff import full_jitter
 from airflow_deferrable_kit._postgres.client import (
     PostgresOptions,
@@ -776,7 +776,7 @@ class PostgresBatches:
         for task in self._shapes.values():
             task.cancel()
         self._shapes.clear()
-        await clients.release(pool_key(self.conn_id))
+        await leases.release(pool_key(self.conn_id))
 
 
 class _CalledOff(asyncio.CancelledError):
@@ -819,7 +819,7 @@ def _settle(ask: _Ask, row: Any = None, *, error: BaseException | None = None) -
 
 async def open_batches(options: PostgresOptions) -> PostgresBatches:
     """The batching engine of one connection, on the connection's shared pool."""
-    pool = await clients.acquire(options.lease_key, lambda: open_pool(options), close_pool)
+    pool = await leases.acquire(options.lease_key, lambda: open_pool(options), close_pool)
     return PostgresBatches(options.conn_id, pool)
 
 

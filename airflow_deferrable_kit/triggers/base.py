@@ -36,7 +36,6 @@ from airflow_deferrable_kit._metrics import for_trigger
 from airflow_deferrable_kit._moments import in_utc
 from airflow_deferrable_kit._per_loop import PerLoop
 from airflow_deferrable_kit._redact import redact
-from airflow_deferrable_kit.clients import Closer, Factory, Leases
 from airflow_deferrable_kit.connections import believed_before_deadline
 from airflow_deferrable_kit.errors import (
     ErrorType,
@@ -47,6 +46,7 @@ from airflow_deferrable_kit.errors import (
     is_unknown_host,
 )
 from airflow_deferrable_kit.extras import require_extra
+from airflow_deferrable_kit.leases import Closer, Factory, Leases
 from airflow_deferrable_kit.payload import (
     ERROR,
     SUCCESS,

@@ -46,6 +46,7 @@ from airflow_deferrable_kit._kafka.client import (
     close_reader,
     load_options,
     open_reader,
+    reader_key,
 )
 from airflow_deferrable_kit._kafka.messages import (
     FAILURE,
@@ -343,7 +344,7 @@ class KafkaMessageTrigger(PollingTrigger):
     async def _shared_reader(self) -> Any:
         """The connection's shared reader, leased for as long as this wait runs."""
         opening = functools.partial(_open_shared_reader, self.kafka_conn_id)
-        return await self.lease(("kafka-connection", self.kafka_conn_id), opening, close_reader)
+        return await self.lease(reader_key(self.kafka_conn_id), opening, close_reader)
 
     async def _settle(self, message: KafkaMessage, kind: str, decision: Decision | None) -> Found | None:
         """Turn a delivered message into the outcome: run the predicate if needed, then decide."""

@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_wall_clock",
     ),
     # the shared concepts every wait uses
-    ("payload", "conditions", "connections", "clients", "_event_streams"),
+    ("payload", "conditions", "connections", "leases", "_event_streams"),
     # one private package per client library
     ("_http", "_kafka", "_postgres", "_s3"),
     # the trigger side: what the triggerer imports
@@ -244,6 +244,49 @@ def test_no_sensor_module_imports_a_client_package() -> None:
         if target.split(".")[0] in CLIENT_PACKAGES
     ]
     assert asking == []
+
+
+#: The libraries the client packages wrap: only they import them (at run time).
+CLIENT_LIBRARIES = ("aiobotocore", "botocore", "boto3", "aiohttp", "yarl", "asyncpg", "aiokafka", "kafka")
+
+
+def _runtime_imports(tree: ast.Module) -> Iterator[str]:
+    """Top-level names a module imports when it runs (``if TYPE_CHECKING:`` blocks left out)."""
+
+    def walk(node: ast.AST) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from (name for orelse in child.orelse for name in walk(orelse))
+                continue
+            if isinstance(child, ast.Import):
+                yield from (alias.name.split(".")[0] for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                yield child.module.split(".")[0]
+            yield from walk(child)
+
+    return walk(tree)
+
+
+def test_only_the_client_packages_use_their_libraries() -> None:
+    """A trigger, sensor or operator never imports a client library (nor its exception types):
+    the client package maps the library's errors to ours once, at its door. Type-only imports
+    (``TYPE_CHECKING``) are allowed: a signature may name the client it leases."""
+    using = [
+        f"{name} imports {library}"
+        for name, path in module_names().items()
+        if name.split(".")[0] in ("triggers", "sensors", "operators")
+        for library in sorted(set(_runtime_imports(ast.parse(path.read_text()))))
+        if library in CLIENT_LIBRARIES
+    ]
+    assert using == []
+
+
+def test_the_library_rule_sees_imports_anywhere_but_type_checking_blocks() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n    import asyncpg\n"
+        "def f():\n    from botocore.exceptions import ClientError\n    import aiohttp.web\n"
+    )
+    assert sorted(set(_runtime_imports(ast.parse(source)))) == ["aiohttp", "botocore", "os", "typing"]
 
 
 def test_no_module_says_it_was_cut_for_size() -> None:

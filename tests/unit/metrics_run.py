@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from airflow_deferrable_kit import _metrics, clients
+from airflow_deferrable_kit import _metrics, leases
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.testing import run_trigger, watch_blocking
 from airflow_deferrable_kit.triggers.base import deadline_after
@@ -92,7 +92,7 @@ async def main() -> dict[str, Any]:
         statuses = {name: (await run_trigger(trigger, timeout=30)).payload["status"] for name, trigger in waits.items()}
         leasing = asyncio.ensure_future(run_trigger(LeasingTrigger(key="k1", poll_interval=0.01), timeout=30))
         for _ in range(1000):  # until it holds its client (bounded)
-            if clients.held_keys():
+            if leases.held_keys():
                 break
             await asyncio.sleep(0.01)
         leasing.cancel()

@@ -18,7 +18,7 @@ import pytest
 from airflow_deferrable_kit._http import responses
 from airflow_deferrable_kit._http.responses import shared_responses
 from airflow_deferrable_kit._shared_polls import REUSE_MAX, SharedAnswers, reuse_window
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.base import Found, deadline_after
 from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger

@@ -22,8 +22,8 @@ from aiohttp import web
 import airflow_deferrable_kit.triggers.http as http_module
 from airflow_deferrable_kit._http import responses
 from airflow_deferrable_kit._http.client import SESSION_KEY, SESSION_LIMIT_PER_HOST
-from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.connections import get_connection
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES
 from airflow_deferrable_kit.testing import FakeClock, run_trigger_payload, watch_blocking
 from airflow_deferrable_kit.triggers.base import MIN_RETRY_DELAY, deadline_after

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from airflow_deferrable_kit import clients
+from airflow_deferrable_kit import leases
 from airflow_deferrable_kit._kafka import catchup as _kafka_catchup
 from airflow_deferrable_kit._kafka import reader as _kafka_reader
 from airflow_deferrable_kit._kafka import settings as kafka_settings
@@ -219,7 +219,7 @@ def count_consumers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 def connection_for(conn: str) -> ConnectionReader:
     """The shared reader of every wait on ``conn`` in this process."""
-    entry = clients._registry()[("kafka-connection", conn)]
+    entry = leases._registry()[("kafka-connection", conn)]
     connection = entry.creating.result()
     assert isinstance(connection, ConnectionReader)
     return connection

@@ -17,7 +17,7 @@ from airflow.sdk import Asset, AssetWatcher
 from airflow_deferrable_kit._event_streams import live_boards
 from airflow_deferrable_kit._kafka import settings as kafka_settings
 from airflow_deferrable_kit._kafka.stream import StreamWaiter
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import Watch, WatcherHarness
 from airflow_deferrable_kit.triggers.kafka_events import KafkaMessageEventTrigger

@@ -21,7 +21,7 @@ from aiokafka.consumer import fetcher as aiokafka_fetcher
 from aiokafka.errors import CorruptRecordException, TopicAuthorizationFailedError
 
 from airflow_deferrable_kit._kafka.consumers import CODEC_FIX
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing_events import Watch, WatcherHarness
 from airflow_deferrable_kit.triggers.kafka_events import KafkaMessageEventTrigger
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import _backoff, clients
+from airflow_deferrable_kit import _backoff, leases
 from airflow_deferrable_kit._kafka import gate as _kafka_gate
 from airflow_deferrable_kit._kafka import settings as kafka_settings
 from airflow_deferrable_kit._kafka.gate import ConnectGate, ConnectGates, gates_for
@@ -128,7 +128,7 @@ async def test_waits_that_asked_for_a_short_max_backoff_are_not_held_to_the_pack
     # Without the cap the fifth step would be 1.6 s and the sixth 3.2 s.
     assert max(drawn) == 0.5 and drawn[:4] == [0.1, 0.2, 0.4, 0.5], drawn
     assert gates_for(conn).cap == CONNECT_BACKOFF_CAP  # every wait ended: nothing held
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
 
 
 async def test_attempts_during_an_outage_fall_off_and_recovery_comes_within_one_step(
@@ -193,7 +193,7 @@ async def test_attempts_during_an_outage_fall_off_and_recovery_comes_within_one_
     for task in tasks[1:]:
         task.cancel()
     await asyncio.gather(*tasks[1:], return_exceptions=True)
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
 
 
 def sasl_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, bootstrap: str, mechanism: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiokafka.cluster import ClusterMetadata
 
-from airflow_deferrable_kit import clients
+from airflow_deferrable_kit import leases
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.testing import run_trigger, watch_blocking
 from tests.integration.kafka.conftest import (
@@ -99,7 +99,7 @@ async def test_waits_on_hundreds_of_topics_share_one_fetch_consumer_on_a_crowded
     # No client asked for the whole cluster (N + CROWD topics); every answer named waited topics.
     assert metadata_answers and max(metadata_answers) <= N < CROWD, max(metadata_answers)
     assert blocked == [], blocked
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
     await eventually(lambda: broker_sockets(crowded_broker.port) == 0)
 
 
@@ -176,7 +176,7 @@ async def test_cancelling_a_thousand_waits_leaves_nothing_within_a_second(
 
     def nothing_left() -> bool:
         return (
-            clients.held_keys() == {}
+            leases.held_keys() == {}
             and asyncio.all_tasks() - tasks_before - {asyncio.current_task()} == set()
             and all(consumer._closed for consumer in started)
             and broker_sockets(crowded_broker.port) == 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_deferrable_kit import clients
+from airflow_deferrable_kit import leases
 from airflow_deferrable_kit._kafka import (
     catchup as _kafka_catchup,
 )
@@ -62,7 +62,7 @@ async def test_matches_by_key_on_a_message_produced_while_waiting(bootstrap: str
     assert payload["value"] == {"n": 2}
     assert payload["headers"] == {"source": "loader"}
     assert payload["matched"]["matcher"] == "key" and payload["matched"]["actual"] == "batch-42"
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
 
 
 async def test_matches_json_field_equals_and_in(bootstrap: str, kafka_conn: str, topic: str) -> None:
@@ -478,7 +478,7 @@ async def test_two_hundred_waiters_share_one_reader(
     # The fan-out evaluated each message for the waiter whose key it carries, not for all 200.
     assert reader.evaluations <= 2 * n, reader.evaluations
     assert blocked == [], blocked
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
     await eventually(lambda: broker_sockets(kafka_broker.port) == 0)
 
 
@@ -544,7 +544,7 @@ async def test_many_late_waiters_share_one_catch_up_read(
     assert blocked == [], blocked
     live_task.cancel()
     await asyncio.gather(live_task, return_exceptions=True)
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
 
 
 async def test_cancelling_late_waiters_mid_catch_up_releases_everything(
@@ -559,7 +559,7 @@ async def test_cancelling_late_waiters_mid_catch_up_releases_everything(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
     await eventually(lambda: broker_sockets(kafka_broker.port) == 0)
 
 
@@ -585,7 +585,7 @@ async def test_a_fatal_error_while_catching_up_ends_the_late_waits_with_it(
     waiters = [make(topic, kafka_conn, start_from="earliest", acceptors=[key_is("never")]) for _ in range(3)]
     payloads = [event.payload for event in await asyncio.gather(*(run_trigger(t, timeout=20) for t in waiters))]
     assert [p["error_type"] for p in payloads] == ["authorization"] * 3
-    assert len(started) == 1 and clients.held_keys() == {}  # one catch-up consumer for the three
+    assert len(started) == 1 and leases.held_keys() == {}  # one catch-up consumer for the three
 
 
 async def test_a_slow_predicate_waiter_falls_behind_and_still_finds_its_match(
@@ -693,5 +693,5 @@ async def test_cancelling_a_wait_releases_its_consumers(
     assert await asyncio.to_thread(broker_sockets, kafka_broker.port) >= 1
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
     await eventually(lambda: broker_sockets(kafka_broker.port) == 0)

@@ -26,7 +26,7 @@ from airflow_deferrable_kit._postgres.batches import (
     statement_count,
 )
 from airflow_deferrable_kit._postgres.client import load_options
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
 

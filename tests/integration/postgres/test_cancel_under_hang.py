@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from airflow_deferrable_kit import clients
+from airflow_deferrable_kit import leases
 from airflow_deferrable_kit.testing import run_trigger
 from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
 from scripts import services
@@ -115,7 +115,7 @@ async def test_cancelling_200_waits_on_a_hung_server_finishes_within_a_second(
     took = time.monotonic() - started
     assert not pending, f"{len(pending)} waits still unfinished 5 s after cancel (statement_timeout is 30 s)"
     assert took < 2.0, f"cancel took {took:.1f}s"  # a hang detector, far from the 30 s it took before
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
     for _ in range(100):  # every socket to the hung server dropped (terminated, not gracefully closed)
         if proxy.open == 0:
             break

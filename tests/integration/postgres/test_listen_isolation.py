@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 from airflow_deferrable_kit._postgres.batches import BUDGET_SCALE_MAX
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
 

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from airflow_deferrable_kit._shared_polls import REUSE_MAX as LISTING_REUSE_MAX
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.base import deadline_after
 from airflow_deferrable_kit.triggers.postgres import WAKE_MIN_GAP, PostgresBatchMarkerTrigger

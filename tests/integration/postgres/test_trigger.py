@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.errors import FatalError, TransientError, WaitError
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload, watch_blocking
 from airflow_deferrable_kit.triggers.base import deadline_after
 from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_deferrable_kit import clients
+from airflow_deferrable_kit import leases
 from airflow_deferrable_kit.connections import get_connection
 from airflow_deferrable_kit.testing import run_trigger, watch_blocking
 from scripts import services
@@ -57,7 +57,7 @@ def http_elsewhere() -> Iterator[int]:
 
 
 async def held() -> int:
-    return sum(clients.held_keys().values())
+    return sum(leases.held_keys().values())
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -102,7 +102,7 @@ async def one_round(kind: str, waits: Waits) -> list[str]:
 
     assert event.payload["status"] == "success", event.payload
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results[:3]
-    assert clients.held_keys() == {}  # every client closed: the next round builds them again
+    assert leases.held_keys() == {}  # every client closed: the next round builds them again
     return list(blocked)
 
 

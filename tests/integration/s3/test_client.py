@@ -23,8 +23,8 @@ from botocore.exceptions import (
 )
 
 from airflow_deferrable_kit._s3 import client, poller
-from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.errors import FatalError, TransientError
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
 from scripts import services

@@ -17,7 +17,7 @@ from airflow.sdk import Asset, AssetWatcher
 
 from airflow_deferrable_kit._event_streams import live_boards
 from airflow_deferrable_kit._s3.poller import Listing
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import WatcherHarness
 from airflow_deferrable_kit.triggers.s3_events import MAX_SEEN_OBJECTS, S3KeyEventTrigger, _Snapshot

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from tests.integration.s3.conftest import put_many
 from tests.integration.s3.fault_proxy import FaultProxy, is_listing, settle

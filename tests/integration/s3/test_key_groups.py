@@ -24,8 +24,8 @@ from airflow_deferrable_kit._s3.key_groups import (
     prefixes_of,
 )
 from airflow_deferrable_kit._s3.poller import Listing, S3Poller, listing_reuse_window
-from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.errors import TransientError
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from tests.integration.s3.conftest import admin_settings, put_many
 from tests.integration.s3.fault_proxy import FaultProxy, settle

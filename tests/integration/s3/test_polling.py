@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from airflow_deferrable_kit._s3.client import new_client
 from airflow_deferrable_kit._s3.poller import LISTING_REUSE_MAX, Listing, S3Poller, listing_reuse_window
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.base import Found
 from airflow_deferrable_kit.triggers.s3 import KeyPattern, S3KeyTrigger

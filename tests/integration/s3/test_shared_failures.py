@@ -20,8 +20,8 @@ from typing import Any
 from aiohttp import web
 
 from airflow_deferrable_kit._shared_polls import HOLD_DOUBLINGS, REUSE_MAX, SharedAnswers, failure_hold, reuse_window
-from airflow_deferrable_kit.clients import held_keys
 from airflow_deferrable_kit.errors import TransientError
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger_payload
 from airflow_deferrable_kit.triggers.base import Found
 from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger

@@ -25,7 +25,7 @@ class FileArrivedTrigger(PollingTrigger):
 
     async def check(self) -> Found | None:
         options = await load_options(self.files_conn_id)
-        reader = await self.lease(("files", options), lambda: open_reader(options), close_reader)
+        reader = await self.lease(options.lease_key, lambda: open_reader(options), close_reader)
         if self.name in await reader.names(self.folder):
             return Found({"folder": self.folder, "name": self.name})
         return None

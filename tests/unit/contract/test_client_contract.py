@@ -7,12 +7,16 @@ wait, so the guide's example cannot rot.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import importlib
+import inspect
 import json
 from pathlib import Path
 
 import pytest
 
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import run_trigger
 from tests.unit.contract._files.client import FilesOptions, classify_files_error, load_options
 from tests.unit.contract.files_trigger import FileArrivedTrigger
@@ -70,3 +74,43 @@ def test_the_options_are_frozen_hashable_and_keep_the_token_out_of_repr(director
     assert "s3cr3t" not in repr(options)
     with pytest.raises(AttributeError):
         options.root = "/elsewhere"  # type: ignore[misc]
+
+
+#: Each client package's door: the module with ``load_options`` and the classifier, and the
+#: module with its one pair of open / close verbs (S3's poller opens from the options the client
+#: module makes, one floor above it).
+DOORS = {
+    "airflow_deferrable_kit._s3": ("client", "poller"),
+    "airflow_deferrable_kit._http": ("client", "client"),
+    "airflow_deferrable_kit._postgres": ("client", "client"),
+    "airflow_deferrable_kit._kafka": ("client", "client"),
+    "tests.unit.contract._files": ("client", "client"),
+}
+
+
+@pytest.mark.parametrize("package", DOORS)
+def test_every_client_package_has_the_same_three_verbs(package: str) -> None:
+    """``load_options(conn_id) -> frozen options`` with a ``lease_key``; one ``open_<client>(options)``
+    with its ``close_<client>``; one ``classify_<lib>_error``."""
+    options_module, open_module = (importlib.import_module(f"{package}.{name}") for name in DOORS[package])
+    load = options_module.load_options
+    assert inspect.iscoroutinefunction(load)
+    assert next(iter(inspect.signature(load).parameters)).endswith("conn_id")
+    options = getattr(options_module, str(load.__annotations__["return"]))  # annotations are strings here
+    assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen, options  # type: ignore[attr-defined]
+    assert isinstance(inspect.getattr_static(options, "lease_key"), (property, functools.cached_property)), options
+
+    opens = [
+        name
+        for name, value in vars(open_module).items()
+        if name.startswith("open_") and inspect.iscoroutinefunction(value) and value.__module__ == open_module.__name__
+    ]
+    assert len(opens) == 1 or package.endswith("_postgres"), opens  # Postgres: the pool and the batching engine
+    for name in opens:
+        verb = getattr(open_module, name)
+        [parameter] = inspect.signature(verb).parameters
+        assert verb.__annotations__[parameter] == options.__name__, (name, verb.__annotations__)
+        assert inspect.iscoroutinefunction(getattr(importlib.import_module(verb.__module__), "close_" + name[5:]))
+
+    classifiers = [name for name in vars(options_module) if name.startswith("classify_") and name.endswith("_error")]
+    assert len(classifiers) == 1, classifiers

@@ -15,7 +15,7 @@ from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccess
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_deferrable_kit import clients
+from airflow_deferrable_kit import leases
 from airflow_deferrable_kit.payload import MAX_PAYLOAD_BYTES, Found
 from airflow_deferrable_kit.testing import FakeClock, run_trigger, run_trigger_payload
 from airflow_deferrable_kit.triggers.base import MIN_RETRY_DELAY, PollingTrigger
@@ -425,14 +425,14 @@ async def test_cancelling_waiting_triggers_releases_their_shared_client() -> Non
     tasks = [asyncio.ensure_future(run_trigger(t, timeout=60)) for t in triggers]
     for _ in range(100):
         await asyncio.sleep(0.01)
-        if clients.held_keys().get(("sample", "k")) == 50 and LeasingTrigger.opened:
+        if leases.held_keys().get(("sample", "k")) == 50 and LeasingTrigger.opened:
             break
-    assert clients.held_keys() == {("sample", "k"): 50}
+    assert leases.held_keys() == {("sample", "k"): 50}
     assert LeasingTrigger.opened == ["k"]  # one client for fifty waits
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}
     assert LeasingTrigger.closed == ["client-k"]
 
 
@@ -441,4 +441,4 @@ async def test_a_fired_trigger_has_released_its_clients_before_the_event_is_hand
     events = trigger.run()
     event = await events.__anext__()
     assert event.payload["status"] == "timeout"
-    assert clients.held_keys() == {}
+    assert leases.held_keys() == {}

@@ -16,7 +16,7 @@ from airflow.sdk import Asset, AssetWatcher
 
 from airflow_deferrable_kit._asset_state import MemoryStateStore, WatermarkStore
 from airflow_deferrable_kit._event_streams import live_boards
-from airflow_deferrable_kit.clients import held_keys
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.testing import watch_blocking
 from airflow_deferrable_kit.testing_events import WatcherHarness
 from airflow_deferrable_kit.triggers.base import deadline_after

@@ -1,10 +1,11 @@
 """A directory as a service: the whole client contract in one module.
 
-1. ``load_options(conn_id)`` turns an Airflow connection into frozen, hashable options (the
-   lease key) that hold no secret a ``repr`` could print. Only the trigger's kwargs carry the
-   ``conn_id``.
+1. ``load_options(conn_id)`` turns an Airflow connection into frozen, hashable options that
+   hold no secret a ``repr`` could print; their ``lease_key`` names the shared client they open.
+   Only the trigger's kwargs carry the ``conn_id``.
 2. ``open_reader(options)`` builds the shared client off the loop; ``close_reader`` closes it.
-   Every trigger on the same options shares one, through ``PollingTrigger.lease``.
+   Every trigger on the same key shares one:
+   ``self.lease(options.lease_key, lambda: open_reader(options), close_reader)``.
 3. ``classify_files_error(exc)`` maps the library's exceptions to the error vocabulary, once;
    no trigger imports a library exception type. ``None``: not the library's, the caller's
    default applies.
@@ -27,6 +28,11 @@ class FilesOptions:
 
     root: str
     token: str = field(default="", repr=False)
+
+    @property
+    def lease_key(self) -> tuple[str, str]:
+        """The shared reader's key: one per directory in the process."""
+        return ("files-reader", self.root)
 
 
 async def load_options(conn_id: str) -> FilesOptions:
