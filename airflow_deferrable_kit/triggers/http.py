@@ -270,9 +270,14 @@ class HttpBatchReadyTrigger(PollingTrigger):
         session = await self.lease(target.lease_key, lambda: open_session(target), close_session)
         method = self.method.upper()
         url = self._target.url(self.endpoint, self.query)
+        response = await self.send(session, self._target, method, url)
+        return response, str(url.with_user(None)), method
+
+    async def send(self, session: Any, target: HttpOptions, method: str, url: Any) -> Response:
+        """This wait's request, sent once or answered by an identical one (:func:`send_shared`)."""
         response = await send_shared(
             session,
-            self._target,
+            target,
             method,
             url,
             json_body=self.json_body,
@@ -282,7 +287,7 @@ class HttpBatchReadyTrigger(PollingTrigger):
             seen=self._seen,
         )
         self._seen = id(response)
-        return response, str(url.with_user(None)), method
+        return response
 
     async def evaluate(self, response: Response, *, safe_url: str, method: str) -> Found | None:
         """Decide on one response: ready, not yet, or raise a transient / fatal / failed error."""

@@ -38,10 +38,8 @@ from airflow_deferrable_kit._http.responses import (
     next_link,
     parse_retry_after,
     send,
-    send_shared,
 )
 from airflow_deferrable_kit._redact import redact, redact_url
-from airflow_deferrable_kit._shared_polls import reuse_window
 from airflow_deferrable_kit.conditions import MISSING, lookup, parse_path
 from airflow_deferrable_kit.errors import ConditionFailed, ErrorType, FatalError, TransientError
 from airflow_deferrable_kit.payload import TIMEOUT, Found, cap_value, success_payload
@@ -266,18 +264,7 @@ class HttpJobTrigger(HttpBatchReadyTrigger):
         session, target = await self._session_and_target()
         job_target, url = target.at(self.endpoint, self.query)
         method = self.method.upper()
-        response = await send_shared(
-            session,
-            job_target,
-            method,
-            url,
-            json_body=self.json_body,
-            timeout=float(self.request_timeout),
-            max_body_bytes=self.body_limit(),
-            max_age=reuse_window(float(self.poll_interval)),
-            seen=self._seen,
-        )
-        self._seen = id(response)
+        response = await self.send(session, job_target, method, url)
         return response, redact_url(str(url)), method
 
     async def check(self) -> Found | None:
