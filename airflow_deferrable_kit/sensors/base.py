@@ -4,6 +4,12 @@ A subclass names its ``trigger_class`` and its ``template_fields``; the sensor t
 trigger's parameters as its own arguments. With ``deferrable=True`` it hands the wait to the
 triggerer; with ``deferrable=False`` it pokes (poke or reschedule mode) through the trigger's
 very own ``check()``, so both paths agree on what "done" means.
+
+Why one module past 700 lines: it is one class, ``DeferrableSensor``, whose methods Airflow
+calls at every stage of a task's life (parse, render, execute or poke, defer, start in the
+triggerer, resume) and which all read and keep the same few pieces of state (the deadline, the
+refusals, the rendered parameters). Its sections are marked; the helpers above the class are the
+ones only it uses. Mixins in separate files would spread one object's invariants over several.
 """
 
 from __future__ import annotations

@@ -289,6 +289,21 @@ def test_the_library_rule_sees_imports_anywhere_but_type_checking_blocks() -> No
     assert sorted(set(_runtime_imports(ast.parse(source)))) == ["aiohttp", "botocore", "os", "typing"]
 
 
+#: Past this many lines a module says at its top why it is one module.
+LONG_MODULE_LINES = 700
+
+
+def test_a_long_module_says_why_it_is_one() -> None:
+    reason = f"Why one module past {LONG_MODULE_LINES} lines"
+    unexplained = [
+        f"{name} ({lines} lines)"
+        for name, path in module_names().items()
+        if (lines := len(path.read_text().splitlines())) > LONG_MODULE_LINES
+        and reason not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert unexplained == []
+
+
 def test_no_module_says_it_was_cut_for_size() -> None:
     said = [
         name
