@@ -133,12 +133,20 @@ def test_an_error_fails_from_the_triggerer_with_the_normal_retries(airflow: Loca
 
 def test_an_error_with_never_fail_skips_after_one_try(airflow: LocalAirflow, outcomes: WatchedRun) -> None:
     task_id = "error_never_fail_skips"
-    assert outcomes.states[task_id][-2:] == ["deferred", "skipped"], outcomes.states
+    states = outcomes.states[task_id]
+    assert states[-1] == "skipped" and "deferred" in states, outcomes.states
     history = tries(airflow, outcomes.run_id, task_id)
     assert [(t["try_number"], t["state"]) for t in history] == [(1, "skipped")], history
     log = airflow.task_log(DAG_ID, outcomes.run_id, task_id)
     assert "Wait failed (" in log, log[-3000:]
-    assert log.count(WORKER_STARTED) == 1, log[-3000:]
+    # Ended by the triggerer: the one worker start is the one that deferred. In some runs (two of
+    # nine on 2026-12-07), Airflow 3.3.2 instead schedules the task again after the trigger's
+    # skip event and a worker ends it the same way (docs/development.md, the outcome matrix):
+    # the outcome is the same, the place differs. Printed so the runs that hit it show it.
+    starts = log.count(WORKER_STARTED)
+    after_deferral = states[states.index("deferred") :]
+    print(f"{task_id}: {starts} worker start(s), states {states}")
+    assert starts == 1 or (starts == 2 and "scheduled" in after_deferral), (starts, states, log[-3000:])
     assert not has_return_value(airflow, outcomes.run_id, task_id)
 
 
