@@ -76,9 +76,25 @@ DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
 # ------------------------------------------------------------------------- shared session
+def loaded_module(name: str) -> Any:
+    """``sys.modules[name]`` once its import has finished, else ``None``.
+
+    While one thread runs a module's import, ``sys.modules`` already holds the half-made module:
+    another waiter reading it from there would find names missing (``aiohttp.TCPConnector``).
+    """
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
+
+
 async def _import_aiohttp() -> Any:
-    """Import aiohttp in a worker thread: its import reads CA files and must not stall the loop."""
-    module = sys.modules.get("aiohttp")
+    """Import aiohttp in a worker thread: its import reads CA files and must not stall the loop.
+
+    Many waits ask at once; each one that finds the import unfinished asks importlib too, on a
+    thread, where it waits for the import under way to finish rather than take the half-made module.
+    """
+    module = loaded_module("aiohttp")
     if module is None:
         module = await asyncio.to_thread(importlib.import_module, "aiohttp")
     return module
@@ -398,8 +414,8 @@ def classify_aiohttp_error(exc: BaseException) -> WaitError | None:
     which after a redirect is one the server chose: its secret-looking query values are masked
     (:func:`~airflow_deferrable_kit._redact.redact_url`).
     """
-    aiohttp = sys.modules.get("aiohttp")
-    if aiohttp is None:  # never imported, so no exception can be one of its own
+    aiohttp = loaded_module("aiohttp")
+    if aiohttp is None:  # not imported yet, so no exception can be one of its own
         return None
     text = redact_url(str(exc))
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
