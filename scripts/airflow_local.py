@@ -8,9 +8,11 @@ and every process runs in its own session so ``stop()`` can end the whole group,
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -173,6 +175,43 @@ class LocalAirflow:
         path = self.home / f"{component}.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
+    def worker_exits(self, dag_id: str, run_id: str) -> set[str]:
+        """The tasks of a run whose worker exit the scheduler has taken in (its executor event).
+
+        A wait that comes true before then can lose to Airflow's own bookkeeping: the late
+        event of the worker that deferred, the same task-instance key as the resumed one's,
+        makes the scheduler drop the resumed one from its executor and fail the task as
+        "killed externally". The official sensors meet the same race; runs that resume at
+        once wait for this instead of guessing a delay.
+        """
+        exits = set()
+        for match in EXECUTOR_EVENT.finditer(self.log_tail("scheduler", 2_000_000)):
+            if match["dag_id"] == dag_id and match["run_id"] == run_id:
+                exits.add(match["task_id"])
+        return exits
+
+    def log_offsets(self) -> dict[str, int]:
+        """How long each component's log is now: where :meth:`problems_since` starts reading."""
+        return {path.stem: path.stat().st_size for path in self.home.glob("*.log")}
+
+    def problems_since(self, offsets: Mapping[str, int] | None = None, *, lines: int = 60) -> str:
+        """The warnings, errors and tracebacks each component logged since ``offsets``.
+
+        What a failed end-to-end test prints beside its assertion: a task that Airflow itself
+        ended (a scheduler's "state mismatch", a trigger that raised, an executor's failed
+        workload) is explained by these lines, and they go with the deployment at teardown.
+        """
+        sections = []
+        for path in sorted(self.home.glob("*.log")):
+            with path.open("rb") as log:
+                log.seek((offsets or {}).get(path.stem, 0))
+                text = log.read().decode(errors="replace")
+            found = notable_lines(text)
+            if found:
+                sections.append(f"--- {path.name}: {len(found)} line(s), the last {lines} ---")
+                sections.extend(found[-lines:])
+        return "\n".join(sections)
+
     # ------------------------------------------------------------------------------ REST
     def login(self) -> tuple[str, str]:
         """The UI and REST login: the user and the password the simple auth manager generated."""
@@ -284,6 +323,22 @@ class LocalAirflow:
         return str(content)
 
 
+#: Log lines a healthy component writes over and over, left out of :meth:`LocalAirflow.problems_since`.
+ROUTINE_LINES = ("triggers currently running", "watchers currently running", "reached the maximum capacity", "log end")
+#: The scheduler's line for an executor event (scheduler_job_runner.process_executor_events).
+EXECUTOR_EVENT = re.compile(
+    r"Received executor event with state \w+ for task instance "
+    r"TaskInstanceKey\(dag_id='(?P<dag_id>[^']*)', task_id='(?P<task_id>[^']*)', run_id='(?P<run_id>[^']*)'"
+)
+#: What makes a log line worth printing when a test fails: its level, or a traceback's lines.
+NOTABLE = re.compile(r"\b(warning|error|critical|exception)\b|Traceback|^\s+File \"|^\w+(Error|Exception)\b", re.I)
+
+
+def notable_lines(text: str) -> list[str]:
+    """The lines of a component's log a failure is explained by: warnings, errors, tracebacks."""
+    return [line for line in text.splitlines() if NOTABLE.search(line) and not any(r in line for r in ROUTINE_LINES)]
+
+
 #: One migrated metadata database per kind of database server (SQLite, or one PostgreSQL server),
 #: made once per process, with the AIRFLOW_HOME it was made in: ``airflow db migrate`` takes
 #: 8-20 s, a copy of its result well under one.
@@ -309,6 +364,7 @@ def clone_migrated(metadata_url: str, home: Path, env: Mapping[str, str], airflo
     template_home = _MIGRATED.get(key)
     if template_home is None:
         template_home = Path(tempfile.mkdtemp(prefix="adk-airflow-template-"))
+        atexit.register(shutil.rmtree, template_home, ignore_errors=True)  # it lives as long as the process
         if sqlite:
             template_url = f"sqlite:///{template_home / 'airflow.db'}"
         else:

@@ -7,11 +7,17 @@ The unit and release tiers refuse these fixtures (their own ``conftest.py``).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import tempfile
 
-# Airflow reads its configuration on import: isolate it before anything imports airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="adk-airflow-home-"))
+# Airflow reads its configuration on import: isolate it before anything imports airflow. The
+# home is this process's own and goes with it.
+if "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="adk-airflow-home-")
+    atexit.register(functools.partial(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 from collections.abc import Iterator

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scripts import services
+from scripts.airflow_local import LocalAirflow
 from tests.e2e.event_deployment import EventDeployment, event_deployment
 
 if TYPE_CHECKING:
-    from scripts.airflow_local import LocalAirflow
     from scripts.demo import Showcase
 
 HERE = Path(__file__).parent
@@ -80,3 +80,38 @@ def ha_deployment(
         postgres_server, s3_server, kafka_broker, processor_path=HERE / "survival_hosts" / "processor_only"
     ) as deployment:
         yield deployment
+
+
+#: Where each deployment's logs stood when a test's call began.
+LOG_OFFSETS = pytest.StashKey[dict[int, dict[str, int]]]()
+
+
+def deployments_of(item: pytest.Item) -> list[LocalAirflow]:
+    """The Airflows a test used: its fixtures that are one, or hold one as ``.airflow``."""
+    found: dict[int, LocalAirflow] = {}
+    for value in getattr(item, "funcargs", {}).values():
+        for candidate in (value, getattr(value, "airflow", None)):
+            if isinstance(candidate, LocalAirflow):
+                found[id(candidate)] = candidate
+    return list(found.values())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    item.stash[LOG_OFFSETS] = {id(airflow): airflow.log_offsets() for airflow in deployments_of(item)}
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries what its Airflow logged meanwhile: a task that Airflow
+    ended (a scheduler's state mismatch, a trigger that raised) is explained there, and the
+    logs go with the deployment."""
+    report = yield
+    if call.when == "call" and report.failed:  # type: ignore[attr-defined]
+        offsets = item.stash.get(LOG_OFFSETS, {})
+        for airflow in deployments_of(item):
+            problems = airflow.problems_since(offsets.get(id(airflow)))
+            if problems:
+                report.sections.append((f"Airflow at {airflow.base_url}: warnings and errors", problems))  # type: ignore[attr-defined]
+    return report

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from scripts import services
-from scripts.airflow_local import LocalAirflow
+from scripts.airflow_local import ROUTINE_LINES, LocalAirflow
 from tests.e2e.event_deployment import EventDeployment
 from tests.e2e.metadata import (
     items_of,
@@ -277,14 +277,13 @@ def all_bursts(world: Bursts, triggerers: int) -> list[Outcome]:
     return outcomes
 
 
-#: Log lines a healthy triggerer writes over and over; left out of what a failure prints.
-ROUTINE = ("triggers currently running", "watchers currently running", "reached the maximum capacity", "log end")
-
-
 def notable(world: Bursts, component: str) -> str:
-    """The last lines of a triggerer's log a failure is explained by: its warnings and errors."""
+    """The last lines of a triggerer's log a failure is explained by: all but the routine ones
+    (the test's own report adds every component's warnings and errors, tests/e2e/conftest.py)."""
     lines = [
-        line for line in world.airflow.log_tail(component, 400_000).splitlines() if not any(r in line for r in ROUTINE)
+        line
+        for line in world.airflow.log_tail(component, 400_000).splitlines()
+        if not any(r in line for r in ROUTINE_LINES)
     ]
     return "\n".join(lines[-80:])
 

@@ -30,13 +30,14 @@ from tests.support.certificates import authority, signed
 
 @pytest.fixture(scope="module")
 def certs() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="adk-kafka-certs-"))
-    ca = authority(directory, "ca")
-    stranger = authority(directory, "stranger-ca")
-    signed(directory, "broker", "127.0.0.1", ca, server=True)
-    signed(directory, "good", "svc-orders", ca, server=False)
-    signed(directory, "unknown-ca", "svc-orders", stranger, server=False)
-    yield directory
+    with tempfile.TemporaryDirectory(prefix="adk-kafka-certs-") as name:
+        directory = Path(name)
+        ca = authority(directory, "ca")
+        stranger = authority(directory, "stranger-ca")
+        signed(directory, "broker", "127.0.0.1", ca, server=True)
+        signed(directory, "good", "svc-orders", ca, server=False)
+        signed(directory, "unknown-ca", "svc-orders", stranger, server=False)
+        yield directory
 
 
 @pytest.fixture
