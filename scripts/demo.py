@@ -44,7 +44,8 @@ DAG_ID = "deferrable_kit_showcase"
 BUCKET = "adk-demo"
 TOPIC = "batch-events"
 API_TOKEN = "demo-token"  # a local demo credential, only ever in the connection
-SETTLE_SECONDS = 5.0
+#: A pause once every wait has deferred, so that the demo's watcher sees them all waiting.
+SETTLE_SECONDS = 1.0
 TASKS = ("wait_s3_object", "wait_http_batch_ready", "wait_postgres_marker", "wait_kafka_message", "wait_moment")
 
 
@@ -263,11 +264,16 @@ def run_showcase(
         if not pending:
             return
         deferred = [watched.first_seen(task, "deferred") for task in TASKS]
-        if all(at is not None for at in deferred) and not next_action_at[0]:
-            # Let the scheduler take in every worker's exit after deferring before the first
-            # wait comes true: a resume within about a second of the deferral can race Airflow's
-            # own bookkeeping of that exit under load.
-            next_action_at[0] = max(at for at in deferred if at is not None) + SETTLE_SECONDS
+        # A wait deferred by a worker comes true only once the scheduler has taken in that
+        # worker's exit (LocalAirflow.worker_exits: Airflow's own race, the official sensors'
+        # too); one that started in the triggerer had no worker.
+        from_workers = {task for task in TASKS if watched.first_seen(task, "running") is not None}
+        if (
+            all(at is not None for at in deferred)
+            and not next_action_at[0]
+            and from_workers <= show.airflow.worker_exits(DAG_ID, run_id)
+        ):
+            next_action_at[0] = time.time() + SETTLE_SECONDS
             if on_all_deferred is not None:
                 on_all_deferred()
         elif time.time() - started > 180 and not next_action_at[0]:
