@@ -19,11 +19,13 @@ the moment a batch is broadcast, so nothing here holds a batch for long:
 * a subscriber fires **at most one event per batch** and moves on at once; what else a look
   found waits in the subscriber's outbox, and the subscriber asks the producer for a batch when
   the next event is due (:meth:`Board.want_batch`);
-* the producer sends a :data:`TICK` (a batch without a look) for that, and looks again only once
-  every subscriber moved past its previous batch (:meth:`Board.until_settled`), so batches never
-  pile up with their clocks running. An edge watcher's producer may be a few batches ahead
-  (``lag``): a look skipped while an event waits to be stored could miss a transition, and each
-  of its batches carries one event at most.
+* the producer sends a :data:`TICK` (a batch without a look) for that, and an item watcher's
+  producer looks again only once every subscriber moved past its previous batch
+  (:meth:`Board.until_settled`), so batches never pile up with their clocks running. An edge
+  watcher's producer goes on looking while a few of its events wait to be stored
+  (:meth:`Board.until_stored`): a look skipped could miss a transition, and a batch that fired
+  nothing is done with as soon as its subscribers move past it, so only the batches that fired
+  an event run against the ack timeout.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class Board:
         self.issued = -1
         self.settled_through = -1
         self._settled = asyncio.Event()
+        #: The batches on which a subscriber fired an event that is not yet done with (stored).
+        self._unstored: set[int] = set()
         #: When each subscriber with events waiting wants the next batch (the clock's time).
         self._batch_wanted: dict[int, float] = {}
         #: Set whenever a subscriber asks for a batch sooner than it asked before.
@@ -115,10 +119,18 @@ class Board:
         self.issued = next(self._seq)
         return self.issued
 
+    def event_fired_on(self, seq: int) -> None:
+        """A subscriber fired an event on batch ``seq``: done with once that event is stored."""
+        self._unstored.add(seq)
+
     def resolved(self, seq: int, clean: bool) -> None:
-        """The producer heard that batch ``seq`` is done with; ``clean``: every event stored."""
+        """The producer heard that batch ``seq`` is done with; ``clean``: every event stored.
+
+        Airflow hands batches back in order, so every batch up to ``seq`` is done with too.
+        """
         if seq > self.settled_through:
             self.settled_through = seq
+            self._unstored = {unstored for unstored in self._unstored if unstored > seq}
             self._settled.set()
         if clean and seq > self.clean_through:
             self.clean_through = seq
@@ -136,6 +148,17 @@ class Board:
             self._settled.clear()
             await self._settled.wait()
 
+    async def until_stored(self, lag: int) -> None:
+        """Until at most ``lag`` batches that fired an event are not done with (their event stored).
+
+        The batches that fired nothing do not count: Airflow is done with one as soon as every
+        subscriber moved past it, so however many pile up behind an event waiting for storage,
+        none of them runs against the ack timeout.
+        """
+        while len(self._unstored) > lag:
+            self._settled.clear()
+            await self._settled.wait()
+
     # ------------------------------------------------------------------ subscribers' outboxes
     def want_batch(self, owner: object, at: float) -> None:
         """``owner`` has an event to fire at ``at`` (the clock's time): send a batch by then."""
@@ -146,6 +169,15 @@ class Board:
 
     def batch_not_wanted(self, owner: object) -> None:
         self._batch_wanted.pop(id(owner), None)
+
+    def tick_sent(self) -> None:
+        """A :data:`TICK` is on its way to every subscriber: it answers every want so far.
+
+        Each subscriber says again what it wants once it has taken the tick, so the producer
+        sends no second tick before one was taken (a tick per loop turn would never let the
+        subscribers run).
+        """
+        self._batch_wanted.clear()
 
     def next_batch_wanted(self) -> float | None:
         """When the earliest subscriber with an event waiting wants a batch (``None``: none waits)."""

@@ -79,11 +79,12 @@ LOAD_RETRY_BASE, LOAD_RETRY_CAP = 0.5, 30.0
 UNBUILT_RETRY_BASE, UNBUILT_RETRY_CAP = 5.0, 300.0
 #: Seconds between two asset events of one watcher, by default (see ``min_event_interval``).
 MIN_EVENT_INTERVAL: Final = 5.0
-#: Batches an edge watcher's looks may run ahead of the storing of its events. It keeps looking
-#: every ``poll_interval`` while the triggerer is slow to store (a look skipped could miss a
-#: transition that is undone before the next); each batch carries one event at most, so the
-#: backlog stays this small and far inside Airflow's ack timeout. Item watchers never run ahead:
-#: their next look finds whatever appeared meanwhile.
+#: Events an edge watcher may have waiting to be stored and still look. It keeps looking every
+#: ``poll_interval`` while the triggerer is slow to store (a look skipped could miss a transition
+#: that is undone before the next); only the batches that fired an event wait for storage, so
+#: the looks in between never run against Airflow's ack timeout, and this bound stops the looks
+#: only when storage has stalled for many transitions. Item watchers never run ahead: their
+#: next look finds whatever appeared meanwhile.
 EDGE_LOOK_AHEAD: Final = 10
 #: The items one asset event carries at most, in bytes of JSON (each item is cut to fit the
 #: kit's payload size first): a look that found more is fired as several events, spaced.
@@ -356,9 +357,10 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         """Poll, yield, sleep, for ever: errors back off and are logged, never raised.
 
         Between two looks it yields a :data:`TICK` whenever a subscriber has an event waiting
-        (see :meth:`filter_shared_stream`), and it yields nothing, look or tick, until every
-        subscriber is done with the previous batch (:meth:`Board.until_settled`; an edge
-        watcher's looks may run :data:`EDGE_LOOK_AHEAD` batches ahead).
+        (see :meth:`filter_shared_stream`). An item watcher's producer yields nothing, look or
+        tick, until every subscriber is done with the previous batch (:meth:`Board.until_settled`);
+        an edge watcher's goes on while at most :data:`EDGE_LOOK_AHEAD` of its events wait to be
+        stored (:meth:`Board.until_stored`).
         """
         if self._unbuilt is not None:
             async for data in self._late_poll(board):
@@ -371,7 +373,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         # is shortened by a random part of one interval, as the waits' is.
         phased = not self.spread_polls
         while True:
-            await board.until_settled(self._look_ahead)
+            await self._until_caught_up(board)
             # Items: no look sooner than min_event_interval after the group's last event, so what
             # appears meanwhile is found by one look and is one event (see filter_shared_stream).
             # Edges are looked at every poll_interval (a look skipped could miss one); only the
@@ -380,6 +382,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
             if self.fires_items and pause > 0:
                 await self.clock.sleep(pause)
             if self._batch_due(board):
+                board.tick_sent()
                 yield TICK
                 continue
             started = asyncio.get_running_loop().time()
@@ -413,10 +416,12 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         """Whether a look is judged while ``outbox`` holds what earlier looks found."""
         return not outbox if self.fires_items else len(outbox) < EDGE_LOOK_AHEAD
 
-    @property
-    def _look_ahead(self) -> int:
-        """Batches the looks may run ahead of the storing of their events (:data:`EDGE_LOOK_AHEAD`)."""
-        return 0 if self.fires_items else EDGE_LOOK_AHEAD
+    async def _until_caught_up(self, board: Board) -> None:
+        """Until storage has caught up enough for the next look or tick (see :meth:`poll_forever`)."""
+        if self.fires_items:
+            await board.until_settled()
+        else:
+            await board.until_stored(EDGE_LOOK_AHEAD)
 
     def _batch_due(self, board: Board) -> bool:
         wanted = board.next_batch_wanted()
@@ -428,8 +433,9 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         """The ticks subscribers want during the ``delay`` before the next look."""
         end = self.clock.time() + delay
         while True:
-            await board.until_settled(self._look_ahead)
+            await self._until_caught_up(board)
             if self._batch_due(board):
+                board.tick_sent()
                 yield TICK
                 continue
             if await self._sleep(board, end - self.clock.time(), started, extra):
@@ -563,6 +569,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
                 if due is None:
                     payload, reached = outbox.take()
                     if payload is not None:
+                        board.event_fired_on(raw.seq)
                         yield TriggerEvent(payload)
                         outbox.fired(self.clock.time())
                         board.fired(outbox.last_fired)

@@ -366,45 +366,51 @@ def test_an_event_of_items_fits_its_limit_as_airflows_json_column_stores_it() ->
     assert all(event["count"] == len(event["items"]) for event in events)
 
 
-async def test_looks_run_only_a_few_batches_ahead_of_storage_so_batches_never_pile_up_against_the_ack_timeout() -> None:
-    # Airflow's ack timeout runs from each batch's broadcast: batches looked at while an earlier
-    # one waits to be stored queue up with their clocks running. An edge watcher keeps looking
-    # (a look skipped could miss a transition) for EDGE_LOOK_AHEAD batches at most, then waits.
+async def test_looks_go_on_while_events_wait_to_be_stored_and_stop_only_when_many_do() -> None:
+    # Airflow's ack timeout runs from each batch's broadcast, but a batch that fired nothing is
+    # done with as soon as the watcher moves past it: only the batches that fired an event wait
+    # for storage. An edge watcher keeps looking (a look skipped could miss a transition) until
+    # EDGE_LOOK_AHEAD of its events wait to be stored, then waits.
     name = switch("off")
     triggerer = WatcherHarness(auto_store=False)
     async with triggerer:
-        watch = await triggerer.start(watcher(name))
+        watch = await triggerer.start(watcher(name, min_event_interval=0))
         await eventually(lambda: CHECKS.get(name, 0) >= 3)  # looking every poll interval (FAST)
         SWITCHES[name] = "on"
         await watch.wait_for_events(1)
         looks = CHECKS[name]
-        await quiet(3 * EDGE_LOOK_AHEAD * FAST)
-        ahead = CHECKS[name] - looks
-        assert 1 <= ahead <= EDGE_LOOK_AHEAD, ahead  # fired, not stored: a few looks more, then none
+        await eventually(lambda: CHECKS[name] >= looks + 3 * EDGE_LOOK_AHEAD)  # one unstored: looking on
+        for fired in range(2, EDGE_LOOK_AHEAD + 2):
+            SWITCHES[name] = "off"
+            looks = CHECKS[name]
+            await eventually(lambda looks=looks: CHECKS[name] >= looks + 2)
+            SWITCHES[name] = "on"
+            await watch.wait_for_events(fired)
+        looks = CHECKS[name]
         await quiet(10 * FAST)
-        assert CHECKS[name] == looks + ahead
-        assert triggerer.store_events() == 1
-        await eventually(lambda: CHECKS[name] >= looks + ahead + 3)  # stored: looking again
+        stalled = CHECKS[name]
+        assert stalled - looks <= 1  # EDGE_LOOK_AHEAD + 1 events unstored: no further look
+        await quiet(10 * FAST)
+        assert CHECKS[name] == stalled
+        assert triggerer.store_events() == EDGE_LOOK_AHEAD + 1
+        await eventually(lambda: CHECKS[name] >= stalled + 3)  # stored: looking again
 
 
-async def test_a_transition_while_an_event_waits_to_be_stored_is_not_missed() -> None:
-    # The triggerer is slow to store the first event (a busy loop, a slow metadata DB); the
-    # condition goes off and on again and off meanwhile. The second ready is an event too.
+async def test_transitions_while_storage_lags_far_behind_the_looks_are_all_fired() -> None:
+    # A triggerer busy storing bursts of 1,000 items (or a slow metadata DB) stores a watcher's
+    # events many looks late; each transition held a few looks is still seen and fired.
     name = switch("off")
     triggerer = WatcherHarness(auto_store=False)
     async with triggerer:
         watch = await triggerer.start(watcher(name, min_event_interval=0))
         await eventually(lambda: CHECKS.get(name, 0) >= 3)
-        SWITCHES[name] = "on"
-        await watch.wait_for_events(1)
-        for state in ("off", "on", "off"):
+        for state in ("on", "off") * 3:
             looks = CHECKS[name]
             SWITCHES[name] = state
-            await eventually(lambda looks=looks: CHECKS[name] >= looks + 2)  # seen, the first still unstored
-        triggerer.store_events()
-        await watch.wait_for_events(2)
+            await eventually(lambda looks=looks: CHECKS[name] >= looks + 3 * EDGE_LOOK_AHEAD)
+        assert triggerer.store_events() == 3
         await quiet()
-        assert len(watch.events) == 2
+        assert len(watch.events) == 3
 
 
 async def test_an_item_watcher_never_looks_while_a_batch_is_not_done_with() -> None:
