@@ -115,11 +115,16 @@ def assert_defers(
 
 
 class _TaskInstance:
-    """Just enough of a task instance for sensors in poke and reschedule mode."""
+    """Just enough of a task instance for sensors in poke and reschedule mode, and for what keys
+    itself by the task instance (an operator's idempotency key): the task's own ids."""
 
-    def __init__(self, first_reschedule_date: dt.datetime | None = None) -> None:
+    def __init__(self, first_reschedule_date: dt.datetime | None = None, task: Any = None) -> None:
         self.first_reschedule_date = first_reschedule_date
         self.try_number = 1
+        self.task_id = str(getattr(task, "task_id", "") or "")
+        self.dag_id = str(getattr(task, "dag_id", "") or "")
+        self.run_id = "test_run"
+        self.map_index = -1
 
     def get_first_reschedule_date(self, context: Any) -> dt.datetime | None:
         return self.first_reschedule_date
@@ -129,7 +134,7 @@ def make_context(task: Any = None, **overrides: Any) -> dict[str, Any]:
     """A minimal task context: ``ti``, ``task``, ``logical_date`` and ``ds``, plus ``overrides``."""
     now = dt.datetime.now(dt.timezone.utc)
     context: dict[str, Any] = {
-        "ti": _TaskInstance(),
+        "ti": _TaskInstance(task=task),
         "task": task,
         "logical_date": now,
         "ds": now.date().isoformat(),
