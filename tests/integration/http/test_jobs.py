@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowTaskTimeout, TaskDeferred
 
+from airflow_deferrable_kit.leases import held_keys
 from airflow_deferrable_kit.operators.http import HttpJobError, HttpJobOperator
 from airflow_deferrable_kit.testing import FakeClock, make_context, run_trigger_payload
 from airflow_deferrable_kit.triggers.http_jobs import HttpJobTrigger
-from tests.integration.http.conftest import Server
+from tests.integration.http.conftest import Seen, Server, reply
 from tests.integration.http.job_api import JobApi, start
 
 Serve = Callable[..., Server]
@@ -375,3 +376,64 @@ def test_the_example_dag_parses_without_a_network(monkeypatch: pytest.MonkeyPatc
     jobs = [t for t in module.dag.tasks if isinstance(t, HttpJobOperator)]
     assert len(jobs) == 1 and jobs[0].deferrable and jobs[0].http_conn_id == "batch_api"
     assert [a["state"] for a in jobs[0]._acceptors] == ["failure", "retry", "success"]
+
+
+# --------------------------------------------------------------------------- isolation
+@pytest.mark.parametrize("fault", ["hang", "error"])
+def test_one_hanging_or_failing_job_among_thirty_healthy_ones_delays_none_of_them(
+    serve: Serve, connection: Conn, fault: str
+) -> None:
+    """30 jobs on one API (the one session, the one host's socket pool) beside 3 whose status
+    answers 500, or holds every poll past ``request_timeout``.
+
+    Each healthy job is polled exactly as often as it runs, with no retry, and all of them end
+    before the first bad one gives up; the bad ones back off until their ``timeout``, end naming
+    the error, and have their job cancelled once.
+    """
+    api = JobApi(runs_for=2)
+    poisoned: set[str] = set()
+
+    async def answer(seen: Seen) -> Any:
+        parts = [part for part in seen.path.split("/") if part]
+        if seen.method == "GET" and parts[:1] == ["jobs"] and len(parts) == 2 and parts[1] in poisoned:
+            if fault == "hang":
+                await asyncio.sleep(60)  # cancelled when the client gives up (handler_cancellation)
+            return reply(500, {"error": "internal error"})
+        return api.handler(seen)
+
+    api.server = serve(answer)
+    conn = connection("jobs_api", host="127.0.0.1", port=api.server.port, login="svc", password="s3cr3t-job-token")
+    common = {"request_timeout": 0.5, "poll_interval": 0.05, "max_backoff": 0.5}
+    healthy = [job_operator(conn, task_id=f"ok{i}", data={"sql": f"ok {i}"}, timeout=120, **common) for i in range(30)]
+    bad = [job_operator(conn, task_id=f"bad{i}", data={"sql": f"bad {i}"}, timeout=6, **common) for i in range(3)]
+    deferred = [execute(op, MemoryStore()) for op in [*healthy, *bad]]
+    assert all(isinstance(d, TaskDeferred) for d in deferred)
+    poisoned.update(api.job_of(f"bad {i}").id for i in range(3))
+    ended: dict[int, float] = {}
+
+    async def wait(index: int, trigger: Any) -> dict[str, Any]:
+        payload = await run_trigger_payload(trigger, timeout=60)
+        ended[index] = asyncio.get_running_loop().time()
+        return payload
+
+    async def every_wait() -> list[dict[str, Any]]:
+        payloads = await asyncio.gather(*(wait(i, d.trigger) for i, d in enumerate(deferred)))  # type: ignore[union-attr]
+        assert held_keys() == {}  # every lease of the loop given back, the bad waits' too
+        return payloads
+
+    payloads = asyncio.run(every_wait())
+
+    ok, failed = payloads[: len(healthy)], payloads[len(healthy) :]
+    assert [p["status"] for p in ok] == ["success"] * len(healthy), ok
+    assert all(p["result"] == [{"n": n} for n in range(5)] for p in ok)
+    for i in range(len(healthy)):
+        job = api.job_of(f"ok {i}")
+        status_polls = [s for s in api.server.requests if s.method == "GET" and s.path == f"/jobs/{job.id}"]
+        assert len(status_polls) == 3, (job.id, len(status_polls))  # running, running, succeeded: no retry
+    assert max(ended[i] for i in range(len(healthy))) < min(ended[i] for i in range(len(healthy), len(deferred)))
+    error_type = "network" if fault == "hang" else "unavailable"
+    for payload in failed:
+        assert payload["status"] == "timeout", payload
+        assert f"last transient error ({error_type})" in payload["message"], payload["message"]
+    assert sorted(api.cancels) == sorted(("DELETE", job_id) for job_id in poisoned)
+    assert api.submits == len(deferred) and api.created == len(deferred)
