@@ -3,6 +3,8 @@
 ``airflow-deferrable-kit audit`` (see :mod:`airflow_deferrable_kit.cli` and ``docs/audit.md``)
 runs :func:`run_audit`. It has three jobs, each in its own module:
 
+* :mod:`~airflow_deferrable_kit.audit.schema` declares the metadata tables the kit reads (the
+  audit and the Waits page);
 * :mod:`~airflow_deferrable_kit.audit._metadata` reads the metadata DB, read-only, with
   SQLAlchemy Core (no Airflow models, so any Airflow 3.x schema and no Airflow import needed);
 * :mod:`~airflow_deferrable_kit.audit._measure` turns one try's state changes into
@@ -52,15 +54,10 @@ from airflow_deferrable_kit.audit._measure import (
 )
 from airflow_deferrable_kit.audit._metadata import (
     FINISHED,
-    LOG,
     NEVER_RAN,
-    RESCHEDULE,
     SQL_ALCHEMY_CONN_ENV,
-    TI,
-    TIH,
     UTC,
     DagShape,
-    UtcDateTime,
     all_dag_ids,
     check_schema,
     dag_shape,
@@ -86,6 +83,7 @@ from airflow_deferrable_kit.audit._report import (
     build_report,
     duration,
 )
+from airflow_deferrable_kit.audit.schema import LOG, RESCHEDULE, TI, TIH, UtcDateTime
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Reading the Airflow metadata DB: read-only engines, the tables the audit needs, one DAG at a time.
+"""Reading the Airflow metadata DB: read-only engines, the audit's queries, one DAG at a time.
 
 The database is read with SQLAlchemy Core, never through Airflow's models, so the audit works
 across Airflow 3.x schema versions and does not need Airflow importable at all when a URL is
@@ -21,11 +21,20 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.types import TypeDecorator
 
 from airflow_deferrable_kit.audit._advice import LISTENER_REFUSAL, Listeners
 from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
 from airflow_deferrable_kit.audit._measure import WORKER_START, WORKER_STOP, Event, Try
+from airflow_deferrable_kit.audit.schema import (
+    DAG,
+    IMPORT_ERROR,
+    LOG,
+    RESCHEDULE,
+    SERIALIZED_DAG,
+    TI,
+    TIH,
+    TRY_KEY,
+)
 
 UTC = dt.timezone.utc
 
@@ -37,95 +46,13 @@ NEVER_RAN = ("upstream_failed", "removed")
 SQL_ALCHEMY_CONN_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
 
 
-# ----------------------------------------------------------------- the metadata schema
-class _UtcDateTime(TypeDecorator[dt.datetime]):
-    """Airflow's ``UtcDateTime`` without importing Airflow: UTC in, aware UTC out.
-
-    SQLite and MySQL columns hold naive UTC (SQLite as text); PostgreSQL holds timestamptz.
-    """
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: dt.datetime | None, dialect: sa.Dialect) -> dt.datetime | None:
-        if value is None:
-            return None
-        value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
-        return value.replace(tzinfo=None) if dialect.name in ("sqlite", "mysql") else value
-
-    def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = dt.datetime.fromisoformat(value)
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-#: The same type under a public name, for the other readers of the metadata DB (the Waits page).
-UtcDateTime = _UtcDateTime
-
-_md = sa.MetaData()
-
-
-def _try_columns() -> list[sa.Column[Any]]:
-    return [
-        sa.Column("dag_id", sa.String),
-        sa.Column("task_id", sa.String),
-        sa.Column("run_id", sa.String),
-        sa.Column("map_index", sa.Integer),
-        sa.Column("try_number", sa.Integer),
-        sa.Column("state", sa.String),
-        sa.Column("operator", sa.String),
-        sa.Column("custom_operator_name", sa.String),
-        sa.Column("start_date", _UtcDateTime()),
-        sa.Column("end_date", _UtcDateTime()),
-        sa.Column("queued_dttm", _UtcDateTime()),
-    ]
-
-
-# Only the columns the audit reads; every one exists throughout Airflow 3.x.
-TI = sa.Table("task_instance", _md, sa.Column("id", sa.String), *_try_columns())
-TIH = sa.Table("task_instance_history", _md, *_try_columns())
-RESCHEDULE = sa.Table(
-    "task_reschedule",
-    _md,
-    sa.Column("id", sa.Integer),
-    sa.Column("ti_id", sa.String),
-    sa.Column("end_date", _UtcDateTime()),
-)
-LOG = sa.Table(
-    "log",
-    _md,
-    sa.Column("id", sa.Integer),
-    sa.Column("dttm", _UtcDateTime()),
-    sa.Column("dag_id", sa.String),
-    sa.Column("task_id", sa.String),
-    sa.Column("run_id", sa.String),
-    sa.Column("map_index", sa.Integer),
-    sa.Column("try_number", sa.Integer),
-    sa.Column("event", sa.String),
-)
-_TRY_KEY = ("task_id", "run_id", "map_index", "try_number")
-# Read when present, never required: the DAG's shape and what shows listener plugins.
-SERIALIZED_DAG = sa.Table(
-    "serialized_dag",
-    _md,
-    sa.Column("dag_id", sa.String),
-    sa.Column("data", sa.Text),
-    sa.Column("data_compressed", sa.LargeBinary),
-    sa.Column("created_at", _UtcDateTime()),
-)
-IMPORT_ERROR = sa.Table("import_error", _md, sa.Column("filename", sa.String), sa.Column("stacktrace", sa.Text))
-DAG = sa.Table(
-    "dag", _md, sa.Column("dag_id", sa.String), sa.Column("bundle_name", sa.String), sa.Column("is_stale", sa.Boolean)
-)
 #: The bundle Airflow puts its example DAGs in when ``[core] load_examples`` is on, which also
 #: registers its example listener plugin (``plugins_manager.py``, 3.3.2).
 EXAMPLES_BUNDLE = "example_dags"
 
 
 def _same_try(a: sa.Table, b: sa.Table) -> sa.ColumnElement[bool]:
-    return sa.and_(a.c.dag_id == b.c.dag_id, *(a.c[name] == b.c[name] for name in _TRY_KEY))
+    return sa.and_(a.c.dag_id == b.c.dag_id, *(a.c[name] == b.c[name] for name in TRY_KEY))
 
 
 def _in_window(
@@ -174,7 +101,7 @@ def events_query(
     parts = []
     for table in (TI, TIH):
         parts.append(
-            sa.select(*(LOG.c[name] for name in _TRY_KEY), LOG.c.event, LOG.c.dttm, LOG.c.id)
+            sa.select(*(LOG.c[name] for name in TRY_KEY), LOG.c.event, LOG.c.dttm, LOG.c.id)
             .select_from(LOG.join(table, _same_try(LOG, table)))
             .where(*_in_window(table, dag_id, since, until, run_ids), LOG.c.event.in_((WORKER_START, *WORKER_STOP)))
         )

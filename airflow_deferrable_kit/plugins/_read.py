@@ -21,60 +21,21 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_deferrable_kit._asset_state import KEY_PREFIX
-from airflow_deferrable_kit.audit import UtcDateTime
+from airflow_deferrable_kit.audit.schema import (
+    ASSET,
+    ASSET_EVENT,
+    ASSET_STATE,
+    ASSET_WATCHER,
+    JOB,
+    SCHEDULE_REFERENCE,
+    TI,
+    TRIGGER,
+)
 from airflow_deferrable_kit.plugins._describe import KIT_TRIGGERS, Wait, classpaths_prefixes, describe, kind_of
 
 UTC = dt.timezone.utc
 DEFERRED = "deferred"
 TRIGGERER_JOB = "TriggererJob"
-
-TI = sa.table(
-    "task_instance",
-    sa.column("dag_id", sa.String),
-    sa.column("run_id", sa.String),
-    sa.column("task_id", sa.String),
-    sa.column("map_index", sa.Integer),
-    sa.column("try_number", sa.Integer),
-    sa.column("state", sa.String),
-    sa.column("operator", sa.String),
-    sa.column("custom_operator_name", sa.String),
-    sa.column("trigger_id", sa.Integer),
-    sa.column("trigger_timeout", UtcDateTime()),
-)
-TRIGGER = sa.table(
-    "trigger",
-    sa.column("id", sa.Integer),
-    sa.column("classpath", sa.String),
-    sa.column("kwargs", sa.Text),
-    sa.column("created_date", UtcDateTime()),
-    sa.column("triggerer_id", sa.Integer),
-    sa.column("queue", sa.String),
-)
-JOB = sa.table(
-    "job",
-    sa.column("id", sa.Integer),
-    sa.column("job_type", sa.String),
-    sa.column("state", sa.String),
-    sa.column("hostname", sa.String),
-    sa.column("latest_heartbeat", UtcDateTime()),
-)
-ASSET = sa.table("asset", sa.column("id", sa.Integer), sa.column("name", sa.String), sa.column("uri", sa.String))
-ASSET_WATCHER = sa.table(
-    "asset_watcher",
-    sa.column("name", sa.String),
-    sa.column("asset_id", sa.Integer),
-    sa.column("trigger_id", sa.Integer),
-)
-ASSET_EVENT = sa.table("asset_event", sa.column("asset_id", sa.Integer), sa.column("timestamp", UtcDateTime()))
-SCHEDULE_REFERENCE = sa.table(
-    "dag_schedule_asset_reference", sa.column("asset_id", sa.Integer), sa.column("dag_id", sa.String)
-)
-ASSET_STATE = sa.table(
-    "asset_state_store",
-    sa.column("asset_id", sa.Integer),
-    sa.column("key", sa.String),
-    sa.column("updated_at", UtcDateTime()),
-)
 
 #: How the deferred list can be sorted: name -> the columns, in order.
 SORTS: dict[str, tuple[Any, ...]] = {
