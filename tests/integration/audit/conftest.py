@@ -85,6 +85,21 @@ class MetadataDB:
         with self.engine.begin() as connection:
             connection.execute(self.tables[table].insert().values(**values))
 
+    def run(self, dag_id: str, run_id: str, *, run_after: dt.datetime | None = None, **values: Any) -> None:
+        """A manual ``dag_run`` row, once per run id (``values``: more of its columns)."""
+        if (dag_id, run_id) not in self._runs:
+            self._insert(
+                "dag_run",
+                dag_id=dag_id,
+                run_id=run_id,
+                run_type="manual",
+                logical_date=None,
+                data_interval_end=None,
+                run_after=run_after or dt.datetime.now(UTC),
+                **values,
+            )
+            self._runs.add((dag_id, run_id))
+
     def attempt(
         self,
         dag_id: str,
@@ -105,17 +120,7 @@ class MetadataDB:
     ) -> None:
         """One try: a task_instance row (or, ``archived``, a task_instance_history row), its
         ``log`` state changes and, as Airflow 3.3.2 writes them, its task_reschedule rows."""
-        if (dag_id, run_id) not in self._runs:
-            self._insert(
-                "dag_run",
-                dag_id=dag_id,
-                run_id=run_id,
-                run_type="manual",
-                logical_date=None,
-                data_interval_end=None,
-                run_after=start or end or dt.datetime.now(UTC),
-            )
-            self._runs.add((dag_id, run_id))
+        self.run(dag_id, run_id, run_after=start or end)
         common: dict[str, Any] = {
             "dag_id": dag_id,
             "task_id": task_id,

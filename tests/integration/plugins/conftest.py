@@ -41,7 +41,6 @@ class Deployment:
 
     db: MetadataDB
     tables: dict[str, sa.Table] = field(default_factory=dict)
-    _runs: set[tuple[str, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.tables = dict(airflow_metadata().tables)
@@ -57,18 +56,7 @@ class Deployment:
 
     def run(self, dag_id: str, run_id: str) -> None:
         self.dag(dag_id)
-        if (dag_id, run_id) not in self._runs:
-            self._insert(
-                "dag_run",
-                dag_id=dag_id,
-                run_id=run_id,
-                run_type="manual",
-                logical_date=None,
-                data_interval_end=None,
-                run_after=dt.datetime.now(UTC),
-                state="running",
-            )
-            self._runs.add((dag_id, run_id))
+        self.db.run(dag_id, run_id, state="running")
 
     def triggerer(self, hostname: str, *, heartbeat_age: float = 1.0, state: str = "running") -> int:
         """A triggerer job row, as ``airflow triggerer`` writes it."""
