@@ -2,9 +2,9 @@
 
 The HA deployment's api-server loads the kit's plugin from its entry point. The admin signs in
 through Airflow's own login form in headless Chromium, opens **Waits** from the UI's navigation,
-and sees, inside the UI's iframe, the run's deferred wall-clock wait (its trigger, its kind and
-target, the triggerer holding it) and that triggerer's row. Once the moment comes and the task
-resumes, a reload shows the task gone. The screenshot is kept under ``.test-reports/``.
+and sees, inside the UI's iframe, the run's deferred HTTP wait (its trigger, its kind and
+target, the triggerer holding it) and that triggerer's row. Once the test sets the batch ready
+and the task resumes, a reload shows the task gone. The screenshot is kept under ``.test-reports/``.
 
 A user refused the ``TRIGGERS`` view is a route-level test (tests/integration/plugins/): it needs
 an auth manager that can refuse, which the deployment's simple one cannot.
@@ -17,6 +17,7 @@ import datetime as dt
 import os
 import re
 import urllib.error
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -27,15 +28,15 @@ from playwright.sync_api import FrameLocator, Page, expect, sync_playwright
 from scripts.airflow_local import LocalAirflow
 from tests import REPO
 from tests.e2e.event_deployment import TRIGGERER_DEFAULTS, EventDeployment
-from tests.e2e.metadata import wait_for
+from tests.e2e.metadata import set_batch, wait_for
 
 pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).parent
 DAG_FILE = HERE / "waits_dags" / "e2e_waits_page.py"
 DAG_ID = "adk_e2e_waits_page"
-TASK_ID = "wait_for_the_moment"
-TRIGGER = "airflow_deferrable_kit.triggers.temporal.DateTimeTrigger"
+TASK_ID = "wait_for_the_batch"
+TRIGGER = "airflow_deferrable_kit.triggers.http.HttpBatchReadyTrigger"
 #: Debian's Chromium: the browser is the system's, never one Playwright downloads.
 CHROMIUM = "/usr/bin/chromium"
 #: A headless browser with nothing of its own to fetch (no updates, sync or background requests).
@@ -133,10 +134,11 @@ def _deferred_and_held(deployment: EventDeployment, run_id: str) -> str:
 def test_the_admin_sees_a_deferred_wait_and_its_triggerer_until_it_resumes(waits_deployment: EventDeployment) -> None:
     airflow = waits_deployment.airflow
     airflow.wait_for_dag(DAG_ID)
-    # Well after the worker's deferral is recorded: a trigger that fires while Airflow 3.3.2 is
-    # still recording a worker's exit can fail the task (tests/e2e/test_triggerer_survives_e2e.py).
-    target = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=25)).replace(microsecond=0)
-    run_id = airflow.trigger(DAG_ID, conf={"target": target.isoformat()})
+    # The wait ends when the test sets its batch ready, once the page was read: a moment set
+    # ahead could pass while a busy machine is still signing in.
+    batch = f"waits-page-{uuid.uuid4().hex[:8]}"
+    set_batch(waits_deployment.api_url, batch, "pending")
+    run_id = airflow.trigger(DAG_ID, conf={"batch": batch})
     host = _deferred_and_held(waits_deployment, run_id)
 
     with _browser() as page:
@@ -148,8 +150,8 @@ def test_the_admin_sees_a_deferred_wait_and_its_triggerer_until_it_resumes(waits
         expect(row).to_contain_text(DAG_ID)
         expect(row).to_contain_text(run_id)
         expect(row).to_contain_text(TRIGGER)
-        expect(row.locator("td").nth(4)).to_have_text("datetime")
-        expect(row.locator("td").nth(5)).to_contain_text(target.strftime("%Y-%m-%dT%H:%M:%S"))
+        expect(row.locator("td").nth(4)).to_have_text("http")
+        expect(row.locator("td").nth(5)).to_contain_text(f"v1/batches/{batch}/status")
         expect(row.locator("td").nth(8)).to_have_text(host)
         # Its links lead out of the iframe to Airflow's own pages.
         task_link = row.get_by_role("link", name=TASK_ID)
@@ -165,6 +167,10 @@ def test_the_admin_sees_a_deferred_wait_and_its_triggerer_until_it_resumes(waits
         SCREENSHOT.parent.mkdir(exist_ok=True)
         page.screenshot(path=str(SCREENSHOT))
 
+        # The scheduler has taken in the exit of the worker that deferred (a resume before
+        # then can lose to Airflow's own race, docs/operations.md); then the batch is ready.
+        wait_for("the deferring worker's exit taken in", lambda: TASK_ID in airflow.worker_exits(DAG_ID, run_id))
+        set_batch(waits_deployment.api_url, batch, "ready")
         run = airflow.watch_run(DAG_ID, run_id, timeout=240)
         assert run.run_state == "success" and "deferred" in run.states[TASK_ID], run.states
         resumed = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
