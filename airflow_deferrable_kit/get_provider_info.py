@@ -117,4 +117,22 @@ def get_provider_info() -> dict[str, Any]:
         ],
         # Only the types whose official provider is absent: never in place of the official forms.
         "connection-types": connection_types(),
+        "config": {
+            "deferrable_kit": {
+                "description": "Settings of airflow-deferrable-kit in the triggerer.",
+                "options": {
+                    "triggerer_gc_thresholds": {
+                        "description": "Garbage-collector thresholds (three whole numbers, as gc.set_threshold "
+                        "takes them) that the kit applies in a triggerer process when the first of its triggers "
+                        "starts there. Empty, the default, leaves the collector as it is. With thousands of "
+                        "waits in one triggerer, 50000,5,1000 made full collections, its longest loop stalls, "
+                        "rare (docs/operations.md, Large triggerers).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "50000,5,1000",
+                        "default": "",
+                    },
+                },
+            },
+        },
     }

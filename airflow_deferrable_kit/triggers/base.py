@@ -30,6 +30,7 @@ from airflow.triggers.base import (
 from pydantic import JsonValue
 from typing_extensions import dataclass_transform
 
+from airflow_deferrable_kit import _collector
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._backoff import MIN_RETRY_DELAY, full_jitter
 from airflow_deferrable_kit._metrics import for_trigger
@@ -440,6 +441,7 @@ class PollingTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        _collector.apply_once()  # the deployment's opt-in, in the triggerer only (never on import)
         self._deadline_from_start()
         if self._unbuilt is None:
             self._unbuilt = self._never_rendered()

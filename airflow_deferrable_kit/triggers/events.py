@@ -45,6 +45,7 @@ from typing import Any, ClassVar, Final
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from airflow_deferrable_kit import _collector
 from airflow_deferrable_kit._arguments import require_seconds
 from airflow_deferrable_kit._asset_state import WatermarkStore, watermark_key
 from airflow_deferrable_kit._backoff import full_jitter
@@ -520,6 +521,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncGenerator[TriggerEvent, None]:
         """This trigger's events from the group's looks, its watermark saved behind storage."""
+        _collector.apply_once()  # the deployment's opt-in, in the triggerer only (never on import)
         if self._unbuilt is not None:
             async for event in self._late_filter(shared_stream):
                 yield event
@@ -654,6 +656,7 @@ class EventTrigger(PollingTrigger, BaseEventTrigger):
         The triggerer of Airflow 3.3 uses :meth:`filter_shared_stream` instead; this path is for
         tests, ``dag.test()`` and Airflows without shared streams.
         """
+        _collector.apply_once()  # the deployment's opt-in, in the triggerer only (never on import)
         if self._unbuilt is not None:
             built = await self._until_built()
             async for event in built.run():

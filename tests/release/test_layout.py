@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_arguments",
         "_asset_state",
         "_backoff",
+        "_collector",
         "_metrics",
         "_moments",
         "_per_loop",
