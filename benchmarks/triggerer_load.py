@@ -908,6 +908,9 @@ async def measure(
         "gc_full_collections": gc_full,
         "freeze_gc": args.freeze_gc,
         **({"gc_threshold": list(args.gc_threshold)} if args.gc_threshold else {}),
+        # What the collector ran with at the end: --gc-threshold, or the kit's own option
+        # ([deferrable_kit] triggerer_gc_thresholds), applied when the first trigger ran.
+        "gc_threshold_in_effect": list(gc.get_threshold()),
         "cancel_s": round(cancel_s, 2),
     }
 
