@@ -137,14 +137,13 @@ class Board:
             for listener in list(self._listeners):
                 listener()
 
-    async def until_settled(self, lag: int = 0) -> None:
-        """Until every subscriber is done with the newest batch but ``lag``: moved past it, its
-        events stored.
+    async def until_settled(self) -> None:
+        """Until every subscriber is done with the newest batch: moved past it, its events stored.
 
         Airflow fails a subscriber whose batch is not done with within its ack timeout, and a
         failed or departed subscriber counts as done, so this wait is bounded by that timeout.
         """
-        while self.issued - self.settled_through > lag:
+        while self.issued > self.settled_through:
             self._settled.clear()
             await self._settled.wait()
 
