@@ -341,6 +341,38 @@ def bursts(event_airflow: EventDeployment) -> Iterator[Bursts]:
         deployment.uninstall(files, [f"{asset}_consumer" for asset in KINDS], KINDS)
 
 
+def looking(world: Bursts) -> None:
+    """Return once every edge watcher is looking again after its adoption.
+
+    An edge watcher sees states, not the moments between them: a condition that became true and
+    false again between two looks fires nothing. After an adoption the watcher's first look
+    comes only after it read its watermark back, which on a freshly started triggerer waits for
+    Airflow to build the in-process API its first request goes through (about 10 s on a busy
+    2-core machine). A burst's transition, held 2.5 s, can fall entirely in that gap. So each
+    edge's condition is held true until its watcher fires for it, then made false again for
+    long enough to be seen; the item watchers need no such proof (their watermark finds what
+    was made before they looked).
+    """
+
+    def prime(asset: str) -> None:
+        before = {event_id for event_id, _ in world.events(asset)}
+        world._edge(asset, True)
+        try:
+            fired = wait_for(
+                f"{asset}'s adopted watcher firing for a condition held true",
+                lambda: {event_id for event_id, _ in world.events(asset)} - before,
+                timeout=120,
+            )
+        finally:
+            world._edge(asset, False)
+        # its run is created before the bursts begin, so no burst event waits behind it
+        wait_for(f"a run for {asset}'s priming event", lambda: fired <= set(world.consumers(asset)), timeout=BOUND + 30)
+
+    with concurrent.futures.ThreadPoolExecutor(len(EDGE_KINDS)) as pool:
+        list(pool.map(prime, EDGE_KINDS))
+    time.sleep(EDGE_HOLD)  # the watchers, looking every second, see the conditions false again
+
+
 def check(outcomes: list[Outcome], triggerers: int) -> None:
     expected = {(asset, size) for asset in KINDS for size in sizes_of(asset, triggerers)}
     assert {(o.asset, o.size) for o in outcomes} == expected
@@ -391,4 +423,5 @@ def test_every_event_of_a_burst_is_consumed_within_seconds_with_two_triggerers(b
     assert all(watcher is not None for _, _, watcher in steady), f"triggers that serve no watcher: {steady}"
     assert shared(), f"the watchers moved to one triggerer: {steady}"
     print(f"\nwatchers per triggerer job: {dict(world.holders())}")
+    looking(world)
     check(all_bursts(world, triggerers=2), triggerers=2)
