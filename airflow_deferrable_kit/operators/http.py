@@ -33,6 +33,7 @@ from airflow_deferrable_kit._arguments import require_bool, require_conn_id, req
 from airflow_deferrable_kit._http.client import close_session, load_options, open_session
 from airflow_deferrable_kit._http.responses import Response, parse_retry_after, send
 from airflow_deferrable_kit._redact import is_sensitive_key, redact, redact_url
+from airflow_deferrable_kit._trigger_queues import require_trigger_queue, route_trigger
 from airflow_deferrable_kit.conditions import MISSING, ConditionSet, lookup, parse_path
 from airflow_deferrable_kit.errors import ErrorType, WaitError
 from airflow_deferrable_kit.extras import require_extra
@@ -159,6 +160,9 @@ class HttpJobOperator(BaseOperator):
 
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``, read
         when the operator is built); ``False`` runs the very same poll loop on the worker.
+    :param trigger_queue: (Airflow 3.2+, ``[triggerer] queues_enabled``) the trigger queue of the
+        wait alone, as for the sensors (docs/operations.md, "One upstream, one pool of
+        triggerers"); the submit and the result stay on the task's own ``queue``.
     :param end_from_trigger: the triggerer ends the task (success with the payload as XCom, or a
         failure); a timeout still resumes on the worker, which raises ``AirflowTaskTimeout``.
     :param timeout: seconds for the whole wait of a try (one absolute deadline, kept across
@@ -220,7 +224,7 @@ class HttpJobOperator(BaseOperator):
     #: The trigger class; a subclass may name its own (a subclass of HttpJobTrigger).
     trigger_class: ClassVar[type[HttpJobTrigger]] = HttpJobTrigger
 
-    def __init__(self, *, deferrable: bool | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, deferrable: bool | None = None, trigger_queue: str | None = None, **kwargs: Any) -> None:
         given = {name: kwargs.pop(name) for name in PARAMETERS if name in kwargs}
         super().__init__(**kwargs)
         for name, value in given.items():
@@ -228,6 +232,9 @@ class HttpJobOperator(BaseOperator):
         require_bool(deferrable, argument="deferrable", optional=True)
         self.deferrable: bool = (
             conf.getboolean("operators", "default_deferrable", fallback=False) if deferrable is None else deferrable
+        )
+        self.trigger_queue = require_trigger_queue(
+            trigger_queue, where=f"{type(self).__name__} (task_id={self.task_id!r})", deferrable=self.deferrable
         )
         for name in (
             "cancel_on_timeout",
@@ -550,6 +557,7 @@ class HttpJobOperator(BaseOperator):
             payload = run_in_worker(_wait(trigger))
             return self.complete(context, payload, handle)
         left = max(trigger.seconds_left() or 0.0, 0.0)
+        route_trigger(self, self.trigger_queue)
         self.defer(
             trigger=trigger,
             method_name="execute_complete",

@@ -33,6 +33,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, T
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, StartTriggerArgs
 
 from airflow_deferrable_kit._arguments import require_bool, require_seconds
+from airflow_deferrable_kit._trigger_queues import require_trigger_queue, route_trigger
 from airflow_deferrable_kit.connections import misses_are_final
 from airflow_deferrable_kit.errors import describe_exception
 from airflow_deferrable_kit.extras import require_extra
@@ -263,6 +264,10 @@ class DeferrableSensor(BaseSensorOperator):
         defers it at once, with no worker, and the trigger renders the templated arguments
         itself; with ``end_from_trigger`` too, no worker ever runs it. ``timeout`` counts from
         that start. See docs/start-from-trigger.md for what cannot start there.
+    :param trigger_queue: (Airflow 3.2+, ``[triggerer] queues_enabled``) the trigger queue of this
+        wait's trigger alone, so the waits on one upstream share their requests on the triggerers
+        started with ``--queues <name>``; the task's ``queue`` (its workers) is left as it is. See
+        docs/operations.md, "One upstream, one pool of triggerers".
 
     ``timeout`` is one budget for the whole wait; ``soft_fail`` skips the task on timeout only,
     never on an error. ``timeout``, ``poke_interval`` and ``max_backoff`` are checked when the
@@ -309,6 +314,7 @@ class DeferrableSensor(BaseSensorOperator):
         end_from_trigger: bool = False,
         max_backoff: float = 300.0,
         start_from_trigger: bool = False,
+        trigger_queue: str | None = None,
         **kwargs: Any,
     ) -> None:
         # A non-bool flag would be taken for its truth value, and "yes" would become deferrable itself.
@@ -343,6 +349,12 @@ class DeferrableSensor(BaseSensorOperator):
         if deferrable is None:  # starting in the triggerer is deferring: the official sensors' ports need no flag
             deferrable = start_from_trigger or conf.getboolean("operators", "default_deferrable", fallback=False)
         self.deferrable = deferrable
+        self.trigger_queue = require_trigger_queue(
+            trigger_queue,
+            where=f"{type(self).__name__} (task_id={self.task_id!r})",
+            deferrable=deferrable,
+            start_from_trigger=start_from_trigger,
+        )
         self.check_before_defer = check_before_defer
         if deferrable and getattr(self, "exponential_backoff", False):
             raise ValueError(
@@ -715,12 +727,14 @@ class DeferrableSensor(BaseSensorOperator):
         kwargs: dict[str, Any] | None = None,
         timeout: timedelta | int | float | None = None,
     ) -> NoReturn:
-        """Airflow's ``defer``, refusing an event trigger (it would never end the task)."""
+        """Airflow's ``defer``, refusing an event trigger (it would never end the task), the trigger
+        routed to ``trigger_queue``."""
         if isinstance(trigger, BaseEventTrigger):
             raise TypeError(
                 f"{type(self).__name__} (task_id={self.task_id!r}): trigger={type(trigger).__name__} "
                 + _EVENT_TRIGGER_REASON
             )
+        route_trigger(self, self.trigger_queue)
         super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
     def defer_until(self, deadline: str, refusals: int = 0) -> NoReturn:

@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_redact",
         "_shared_polls",
         "_tls",
+        "_trigger_queues",
         "_wall_clock",
     ),
     # the shared concepts every wait uses

@@ -114,6 +114,26 @@ def test_each_submit_answer_is_followed_to_the_paged_result(serve: Serve, connec
     assert json.loads(api.jobs["j1"].body) == {"sql": "select 1"}
 
 
+def test_the_wait_alone_goes_to_its_trigger_queue(
+    serve: Serve, connection: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue Airflow's own worker sends with the deferral (``_defer_task``) is ``trigger_queue``."""
+    from types import SimpleNamespace
+
+    import structlog
+    from airflow.sdk.execution_time.task_runner import _defer_task
+
+    monkeypatch.setenv("AIRFLOW__TRIGGERER__QUEUES_ENABLED", "True")
+    api, conn = api_and_conn(serve, connection, shape="location", runs_for=2)
+    op = job_operator(conn, queue="etl-workers", trigger_queue="trg-jobs-api")
+    deferred = execute(op, MemoryStore())
+    assert isinstance(deferred, TaskDeferred)
+    ti = SimpleNamespace(task=op, dag_id="d", task_id=op.task_id, run_id="r")
+    message, _ = _defer_task(deferred, ti, structlog.get_logger())  # type: ignore[arg-type]
+    assert message.queue == "trg-jobs-api"  # type: ignore[union-attr]
+    assert api.submits == 1
+
+
 def test_a_synchronous_answer_is_the_result_with_no_deferral(serve: Serve, connection: Conn) -> None:
     api, conn = api_and_conn(serve, connection, shape="sync")
     op = job_operator(conn, items_path=None, next_link_path=None, result_link_path=None, select=["answer"])
