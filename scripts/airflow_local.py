@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,10 +123,13 @@ class LocalAirflow:
             self.start_component("triggerer", name=f"triggerer-{number}")
         self.wait_healthy(timeout=timeout)
 
-    def start_component(self, component: str, *, name: str | None = None) -> subprocess.Popen[bytes]:
-        """Start one Airflow component in its own session, logged to ``home/<name>.log``."""
+    def start_component(
+        self, component: str, *, name: str | None = None, options: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
+        """Start one Airflow component in its own session, logged to ``home/<name>.log``, with
+        ``options`` on its command line (``["--queues", "a,b"]``)."""
         name = name or component
-        args = [self._airflow(), component]
+        args = [self._airflow(), component, *options]
         if component in ("scheduler", "triggerer"):
             args.append("--skip-serve-logs")
         log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
