@@ -13,7 +13,10 @@ runs :func:`run_audit`. It has three jobs, each in its own module:
   migrating and renders the table, CSV or JSON;
 * :mod:`~airflow_deferrable_kit.audit._advice` names the kit sensor that replaces each one and,
   per sensor, the change that would hold the least worker time and what it saves;
-* :mod:`~airflow_deferrable_kit.audit._html` renders the report as one self-contained HTML page.
+* :mod:`~airflow_deferrable_kit.audit._html` renders the report as one self-contained HTML page;
+* :mod:`~airflow_deferrable_kit.audit._fleet` finds, in the triggers held now, the upstreams
+  whose waits several triggerers hold, each making the request the kit shares per triggerer
+  (:mod:`~airflow_deferrable_kit.audit._triggers` reads trigger rows for it and the Waits page).
 
 Every name the command, the docs and the benchmarks use is importable from here. Nothing in
 this package is imported by triggers or sensors.
@@ -39,6 +42,7 @@ from airflow_deferrable_kit.audit._advice import (
     kit_equivalent,
 )
 from airflow_deferrable_kit.audit._errors import AuditError, AuditUsageError
+from airflow_deferrable_kit.audit._fleet import Spread, Upstream, spread_upstreams, upstream_of
 from airflow_deferrable_kit.audit._html import STYLE, figures_html, render_html
 from airflow_deferrable_kit.audit._measure import (
     CLOCK_SKEW_ALLOWANCE,
@@ -170,7 +174,8 @@ def run_audit(
                     row.starts_dag = None if shape is None else shape.starts_with(row.key["task_id"])
             if progress is not None:
                 progress(Progress(done + 1, len(dags), tries))
-    return build_report(tasks, mask(resolved), since, until, days, price, check_seconds, group_by, known)
+        spread = spread_upstreams(connection, dag_ids)
+    return build_report(tasks, mask(resolved), since, until, days, price, check_seconds, group_by, known, spread)
 
 
 __all__ = [
@@ -205,8 +210,10 @@ __all__ = [
     "Recommendation",
     "Report",
     "Row",
+    "Spread",
     "Totals",
     "Try",
+    "Upstream",
     "Usage",
     "UtcDateTime",
     "check_schema",
@@ -225,7 +232,9 @@ __all__ = [
     "resolve_url",
     "run_audit",
     "shape_from_serialized",
+    "spread_upstreams",
     "tries_query",
+    "upstream_of",
     "validate",
     "worker_intervals",
 ]

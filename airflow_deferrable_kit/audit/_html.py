@@ -177,7 +177,26 @@ def figures_html(report: Report, top: int = 10) -> str:
         f"<h2>Worker time by sensor and mode</h2>{chart(report.held)}<ul>{saving}</ul>"
         f'<h2>What to change</h2>{advice}<p class="note">{_e(report.listeners_note())}</p>'
         + (f'<p class="note">{_e(report.start_note())}</p>' if report.start_note() else "")
-        + f"{migrating}{estimated}"
+        + f"{migrating}{estimated}{spread_html(report)}"
+    )
+
+
+def spread_html(report: Report) -> str:
+    """The upstreams whose waits several triggerers hold now, with what to do (nothing if none)."""
+    if not report.spread:
+        return ""
+    rows = [
+        [
+            _e(spread.upstream.kind),
+            _e(spread.upstream.name),
+            _e(spread.waits),
+            _e(spread.triggerers),
+            _e(spread.advice()),
+        ]
+        for spread in report.spread
+    ]
+    return '<h2 id="shared-requests">Shared requests made by several triggerers</h2>' + _table(
+        ["kind", "upstream", "waits deferred now", "triggerers", "advice"], rows, {2, 3}
     )
 
 

@@ -31,6 +31,7 @@ from airflow_deferrable_kit.audit._advice import (
     origin,
     recommend,
 )
+from airflow_deferrable_kit.audit._fleet import Spread
 from airflow_deferrable_kit.audit._measure import Try, Usage
 
 UTC = dt.timezone.utc
@@ -232,6 +233,8 @@ class Report:
     #: Sensor tries per class and mode: what they held against what poke mode would have.
     held: list[Held] = field(default_factory=list)
     listeners: Listeners = field(default_factory=Listeners)
+    #: Upstreams whose waits several triggerers hold now, each making the shared request.
+    spread: list[Spread] = field(default_factory=list)
 
     @property
     def held_total(self) -> Held:
@@ -276,6 +279,7 @@ class Report:
             "sensors_total": self.held_total.as_dict(),
             "listeners": self.listeners.as_dict(),
             "totals": self.totals.as_dict(self.price),
+            "shared_requests_multiplied": [spread.as_dict() for spread in self.spread],
         }
 
     def to_json(self, top: int | None = None) -> str:
@@ -360,7 +364,18 @@ class Report:
                 f"\n{self.totals.estimated} of {self.totals.runs} runs had no state-change rows in the log table "
                 "(pruned?); their worker-held time is estimated (see docs/audit.md).\n"
             )
+        if self.spread:
+            parts.append(self._spread_table())
         return "".join(parts)
+
+    def _spread_table(self) -> str:
+        lines = [
+            [spread.upstream.kind, spread.upstream.name, str(spread.waits), str(spread.triggerers), spread.advice()]
+            for spread in self.spread
+        ]
+        return "\nShared requests made by several triggerers (the waits deferred now):\n" + _grid(
+            ["KIND", "UPSTREAM", "WAITS", "TRIGGERERS", "ADVICE"], lines, numeric=(2, 3)
+        )
 
     def _held_summary(self) -> str:
         """What sensors held while waiting, in words that stay true at any size, zero included."""
@@ -514,6 +529,7 @@ def build_report(
     check_seconds: float,
     group_by: str,
     listeners: Listeners | None = None,
+    spread: list[Spread] | None = None,
 ) -> Report:
     """The report: rows grouped as asked, sorted by worker-held time, and the ranked candidates.
 
@@ -560,4 +576,5 @@ def build_report(
         recommendations,
         held,
         listeners,
+        spread or [],
     )

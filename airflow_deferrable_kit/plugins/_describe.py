@@ -11,30 +11,15 @@ row: it is a classpath, not data.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_deferrable_kit._redact import redact, redact_url
+from airflow_deferrable_kit.audit._triggers import KINDS, KIT_TRIGGERS, decode_kwargs, kind_of
 
 UTC = dt.timezone.utc
-KIT_TRIGGERS = "airflow_deferrable_kit.triggers."
-#: The kit's wait kinds by trigger module (``airflow_deferrable_kit.triggers.<module>``).
-KINDS: dict[str, str] = {
-    "s3": "s3",
-    "s3_events": "s3",
-    "s3_unchanged": "s3-unchanged",
-    "http": "http",
-    "http_events": "http",
-    "postgres": "postgres",
-    "postgres_events": "postgres",
-    "kafka": "kafka",
-    "kafka_events": "kafka",
-    "official_events": "kafka",
-    "temporal": "datetime",
-}
 #: What the kind filter offers: every kit kind, ``kit`` (any of the kit's triggers) and
 #: ``other`` (every other provider's trigger).
 KIND_CHOICES = ("s3", "s3-unchanged", "http", "postgres", "kafka", "datetime", "kit", "other")
@@ -51,40 +36,11 @@ class Wait:
     deadline: dt.datetime | None = None
 
 
-def kind_of(classpath: str) -> str:
-    """The kit's wait kind for a trigger classpath; ``""`` for any other provider's trigger."""
-    if not classpath.startswith(KIT_TRIGGERS):
-        return ""
-    module = classpath[len(KIT_TRIGGERS) :].rsplit(".", 1)[0]
-    return KINDS.get(module, "custom")
-
-
 def classpaths_prefixes(kind: str) -> list[str]:
     """Classpath prefixes (``LIKE 'x%'``) of the triggers of one kind, for filtering in SQL."""
     if kind == "kit":
         return [KIT_TRIGGERS]
     return [f"{KIT_TRIGGERS}{module}." for module, named in KINDS.items() if named == kind]
-
-
-def decode_kwargs(stored: str | None) -> Mapping[str, Any] | None:
-    """The kwargs of a ``trigger`` row, as Airflow reads them; ``None`` when they cannot be read.
-
-    Airflow's own reader (``Trigger._decrypt_kwargs``, 3.2 and 3.3: plain JSON or Fernet, then
-    Airflow's serde) is private API, used here alone and fenced: if it is gone or fails, a
-    plain JSON object is read as is and anything else is not shown.
-    """
-    if not stored:
-        return None
-    try:
-        from airflow.models.trigger import Trigger
-
-        value = Trigger._decrypt_kwargs(stored)
-    except Exception:
-        try:
-            value = json.loads(stored)
-        except ValueError:
-            return None
-    return value if isinstance(value, Mapping) else None
 
 
 def _text(value: Any) -> str:

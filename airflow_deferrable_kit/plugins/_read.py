@@ -21,6 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_deferrable_kit._asset_state import KEY_PREFIX
+from airflow_deferrable_kit.audit._triggers import KIT_TRIGGERS, kind_of
 from airflow_deferrable_kit.audit.schema import (
     ASSET,
     ASSET_EVENT,
@@ -31,7 +32,7 @@ from airflow_deferrable_kit.audit.schema import (
     TI,
     TRIGGER,
 )
-from airflow_deferrable_kit.plugins._describe import KIT_TRIGGERS, Wait, classpaths_prefixes, describe, kind_of
+from airflow_deferrable_kit.plugins._describe import Wait, classpaths_prefixes, describe
 
 UTC = dt.timezone.utc
 DEFERRED = "deferred"

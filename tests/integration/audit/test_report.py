@@ -164,7 +164,9 @@ def test_json_shape(filled: MetadataDB) -> None:
         "sensors_total",
         "listeners",
         "totals",
+        "shared_requests_multiplied",
     }
+    assert data["shared_requests_multiplied"] == []  # nothing deferred now in this DB
     assert data["window"] == {"days": 7, "since": "2025-06-08T12:00:00+00:00", "until": "2025-06-15T12:00:00+00:00"}
     assert data["price_per_slot_hour"] == 3
     assert len(data["candidates"]) == 3

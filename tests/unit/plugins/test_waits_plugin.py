@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from airflow_deferrable_kit.plugins._describe import describe, kind_of
+from airflow_deferrable_kit.audit._triggers import kind_of
+from airflow_deferrable_kit.plugins._describe import describe
 
 # Run in a fresh interpreter: what a scheduler, worker or triggerer does when it loads plugins.
 LOAD_PLUGINS = """
