@@ -39,10 +39,19 @@ ROLES = {"triggerer": QUEUE, "triggerer-2": QUEUE, "triggerer-3": "default"}
 
 
 def _restart_scheduler(deployment: EventDeployment) -> None:
-    airflow = deployment.airflow
-    airflow.stop_component("scheduler")
-    airflow.start_component("scheduler")
-    airflow.wait_healthy(timeout=120)
+    """Stop the scheduler and start it again; return once its new job heartbeats."""
+    [(last,)] = deployment.query("SELECT coalesce(max(id), 0) FROM job WHERE job_type = 'SchedulerJob'")
+    deployment.airflow.stop_component("scheduler")
+    deployment.airflow.start_component("scheduler")
+    wait_for(
+        "the restarted scheduler's job heartbeating",
+        lambda: deployment.query(
+            "SELECT 1 FROM job WHERE job_type = 'SchedulerJob' AND id > %s AND state = 'running' "
+            "AND latest_heartbeat > now() - interval '30 seconds'",
+            last,
+        ),
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -53,7 +62,7 @@ def pools(ha_deployment: EventDeployment) -> Iterator[tuple[EventDeployment, dic
     jobs: dict[str, int] = {}
     try:
         airflow.extra_env = {**airflow.extra_env, **QUEUES_ON}
-        _restart_scheduler(deployment)  # while a triggerer runs: Airflow's health check asks for one
+        _restart_scheduler(deployment)
         # Large enough that a live triggerer starved of CPU is never taken for dead; the killed
         # one's heartbeat is made old at once instead (outdate_heartbeat).
         deployment.restart_triggerers(0, AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="120")
