@@ -187,6 +187,7 @@ class LocalAirflow:
         "killed externally". The official sensors meet the same race; runs that resume at
         once wait for this instead of guessing a delay.
         """
+        # Only an exit: the local executor also reports "running" when a worker starts.
         exits = set()
         for match in EXECUTOR_EVENT.finditer(self.log_tail("scheduler", 2_000_000)):
             if match["dag_id"] == dag_id and match["run_id"] == run_id:
@@ -330,7 +331,7 @@ class LocalAirflow:
 ROUTINE_LINES = ("triggers currently running", "watchers currently running", "reached the maximum capacity", "log end")
 #: The scheduler's line for an executor event (scheduler_job_runner.process_executor_events).
 EXECUTOR_EVENT = re.compile(
-    r"Received executor event with state \w+ for task instance "
+    r"Received executor event with state (?:success|failed) for task instance "
     r"TaskInstanceKey\(dag_id='(?P<dag_id>[^']*)', task_id='(?P<task_id>[^']*)', run_id='(?P<run_id>[^']*)'"
 )
 #: What makes a log line worth printing when a test fails: its level, or a traceback's lines.

@@ -36,3 +36,26 @@ def test_only_what_was_logged_since_the_test_began_and_only_the_problems(tmp_pat
         "TimeoutError: the api-server did not answer",
     ]
     assert "before the test" in airflow.problems_since()
+
+
+def executor_event(state: str, task_id: str, run_id: str = "manual__1") -> str:
+    return (
+        f"[info] Received executor event with state {state} for task instance TaskInstanceKey("
+        f"dag_id='d', task_id='{task_id}', run_id='{run_id}', try_number=1, map_index=-1)\n"
+    )
+
+
+def test_a_worker_exit_is_its_success_or_failure_not_the_start_the_local_executor_also_reports(
+    tmp_path: Path,
+) -> None:
+    airflow = LocalAirflow(dags_folder=tmp_path, home=tmp_path / "home")
+    airflow.home.mkdir()
+    (airflow.home / "scheduler.log").write_text(
+        executor_event("running", "started")
+        + executor_event("running", "deferred")
+        + executor_event("success", "deferred")
+        + executor_event("failed", "crashed")
+        + executor_event("success", "other_run", run_id="manual__2")
+    )
+
+    assert airflow.worker_exits("d", "manual__1") == {"deferred", "crashed"}
