@@ -15,13 +15,24 @@ scheduler runs: a fired trigger leaves its task instance ``scheduled``, with the
 ``scheduled_dttm``. Then:
 
 * ``claim_s``: from the triggerers' start until every trigger is held; ``held``: triggers per
-  triggerer (the claim balance).
+  triggerer (the claim balance); ``running_s``: until every triggerer's runner says it runs
+  what it holds (the warm-up counts from there).
 * ``--hold`` seconds of steady waiting: the S3 server's requests in it, per round
-  (``requests_per_round`` = requests / (hold / poll interval); ideal: one per folder), and each
-  triggerer's CPU (supervisor and runner processes), as % of one core.
+  (``requests_per_round`` = requests / (hold / poll interval)), and each triggerer's CPU
+  (supervisor and runner processes), as % of one core. A listing answers the polls of its
+  folder for one reuse window (a tenth of the poll interval, at most 1 s), so with the polls
+  spread over the round the least is one listing per second per folder in each triggerer
+  holding waits on it: 30 per folder and holder at a 30 s poll.
 * the flip: every wait's object put (8 threads), its put time recorded; ``event_p50_s`` /
   ``event_p99_s``: from each object's put to its task instance's ``scheduled_dttm``;
-  ``events`` / ``missing`` within ``--events-timeout``.
+  ``events`` / ``missing`` within ``--events-timeout`` of the last put (the floor: of its
+  moment); ``all_events_s``: from the first put to the last event committed.
+
+The floor (a cell ``T:floor``): the same N task instances deferred on Airflow's own
+``DateTimeTrigger`` (standard provider), every one firing at one moment ``--floor-after``
+seconds after they were written: the CPU of T triggerers holding N triggers that make no
+request, and how fast Airflow's triggerer turns N simultaneous events into scheduled task
+instances, side by side with the kit's cells in the same session.
 
 Routing (each cell's ``TRIGGERERS:ROUTING[:POOL_SIZE]``): ``none`` (no queue, triggerers
 without ``--queues``), or ``queue``: the waits of folder ``j`` carry the queue ``trg-u{j}``,
@@ -45,6 +56,7 @@ import concurrent.futures
 import contextlib
 import datetime as dt
 import json
+import re
 import shutil
 import statistics
 import sys
@@ -62,6 +74,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DAG_ID = "fleet_bench"
 RUN_ID = "fleet_run"
 UTC = dt.timezone.utc
+#: The triggerer's own periodic line: how many triggers its runner has running.
+RUNNING = re.compile(r"(\d+) triggers currently running")
 
 
 def key_of(i: int, folders: int) -> str:
@@ -80,7 +94,9 @@ def pools(triggerers: int, folders: int, pool_size: int) -> list[list[str]]:
     ]
 
 
-def write_waits(dsn: str, bucket: str, n: int, folders: int, poll: float, routed: bool) -> None:
+def write_waits(
+    dsn: str, bucket: str, n: int, folders: int, poll: float, routed: bool, moment: dt.datetime | None = None
+) -> None:
     """N deferred task instances of one run and their S3 triggers, in one transaction.
 
     Written with Airflow's own table objects, so their Python-side defaults apply as when
@@ -102,10 +118,15 @@ def write_waits(dsn: str, bucket: str, n: int, folders: int, poll: float, routed
     version = uuid.uuid4()
     triggers = []
     for i in range(n):
-        classpath, kwargs = S3KeyTrigger(
-            bucket_key=key_of(i, folders), bucket_name=bucket, aws_conn_id="bench_aws",
-            poll_interval=poll, deadline=deadline,
-        ).serialize()  # fmt: skip
+        if moment is not None:  # Airflow's own trigger: what the triggerer costs with nothing of ours
+            from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+            classpath, kwargs = DateTimeTrigger(moment=moment).serialize()
+        else:
+            classpath, kwargs = S3KeyTrigger(
+                bucket_key=key_of(i, folders), bucket_name=bucket, aws_conn_id="bench_aws",
+                poll_interval=poll, deadline=deadline,
+            ).serialize()  # fmt: skip
         triggers.append(
             {
                 "classpath": classpath,
@@ -176,6 +197,12 @@ def requests_served(endpoint: str) -> int:
         return int(json.loads(response.read())["requests"])
 
 
+def running(airflow: Any, name: str) -> int:
+    """How many triggers the triggerer ``name`` last said it runs (its runner, not the claim)."""
+    found = RUNNING.findall(airflow.log_tail(name, 200_000))
+    return int(found[-1]) if found else 0
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds (user + sys) of a process and every process under it."""
     total = 0.0
@@ -242,18 +269,21 @@ def cell(
     args: argparse.Namespace, triggerers: int, routing: str, pool_size: int, pg_dsn: str, endpoint: str, s3: Any
 ) -> dict[str, Any]:
     """One fleet: ``triggerers`` triggerers, the waits routed (``routing="queue"``) or not, measured."""
-    routed = routing == "queue"
+    routed, floor = routing == "queue", routing == "floor"
     n, folders, t = args.n, args.folders, triggerers
     bucket = f"fleet-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=bucket)
     result: dict[str, Any] = {
-        "bench": "fleet", "kind": "s3-folders", "n": n, "folders": folders, "triggerers": t,
+        "bench": "fleet", "kind": "airflow-datetime" if floor else "s3-folders", "n": n, "folders": folders,
+        "triggerers": t,
         "routing": routing, "pool_size": pool_size if routed else None, "poll_interval": args.poll_interval,
         "hold_s": args.hold,
     }  # fmt: skip
     # Capacity for every wait on one triggerer: the claim balance is Airflow's, not a cap's.
     with deployment(pg_dsn, endpoint, routed, capacity=n) as (airflow, dsn):
-        write_waits(dsn, bucket, n, folders, args.poll_interval, routed)
+        # The floor's triggers all fire at one moment, late enough for every one to be running.
+        moment = dt.datetime.now(UTC) + dt.timedelta(seconds=args.floor_after) if floor else None
+        write_waits(dsn, bucket, n, folders, args.poll_interval, routed, moment)
         queues = pools(t, folders, pool_size) if routed else [[] for _ in range(t)]
         result["queues"] = queues
         started = time.monotonic()
@@ -275,10 +305,19 @@ def cell(
                     return result
             time.sleep(1)
         result["claim_s"] = round(time.monotonic() - started, 1)
-        result["held"] = sorted(
-            int(count) for _, count in query(dsn, "SELECT triggerer_id, count(*) FROM trigger GROUP BY triggerer_id")
-        )
-        time.sleep(args.warmup)  # every wait has polled once since it was claimed
+        held = {
+            int(job): int(count)
+            for job, count in query(dsn, "SELECT triggerer_id, count(*) FROM trigger GROUP BY triggerer_id")
+        }
+        result["held"] = sorted(held.values())
+        # Claimed is not running: each runner builds and starts what its triggerer claimed.
+        while sum(running(airflow, name) for name in names) < n:
+            if time.monotonic() - started > args.claim_timeout:
+                result["error"] = f"only {[running(airflow, name) for name in names]} running"
+                return result
+            time.sleep(2)
+        result["running_s"] = round(time.monotonic() - started, 1)
+        time.sleep(args.warmup)  # every wait has made its first poll (a HEAD) and its folder's group formed
         pids = {name: airflow.processes[name].pid for name in names}
         cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
         served0, hold0 = requests_served(endpoint), time.monotonic()
@@ -298,10 +337,17 @@ def cell(
             put_at[f"wait_{i}"] = time.time()
 
         flip0 = time.time()
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(put, range(n)))
+        if moment is not None:
+            if time.time() > moment.timestamp():
+                result["error"] = "the moment passed before every trigger ran: raise --floor-after"
+                return result
+            put_at = {f"wait_{i}": moment.timestamp() for i in range(n)}
+        else:
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(put, range(n)))
         result["flip_s"] = round(time.time() - flip0, 1)
-        deadline = time.monotonic() + args.events_timeout
+        # From the last put, or from the floor's moment: until it comes there is nothing to wait for.
+        deadline = time.monotonic() + max(min(put_at.values()) - time.time(), 0.0) + args.events_timeout
         fired: dict[str, float] = {}
         while time.monotonic() < deadline:
             rows = query(
@@ -316,6 +362,8 @@ def cell(
             time.sleep(2)
         latencies = [fired[task] - put_at[task] for task in fired if task in put_at]
         result["events"], result["missing"] = len(fired), n - len(fired)
+        if fired:  # from the first put (the floor: the moment) to the last event committed
+            result["all_events_s"] = round(max(fired.values()) - min(put_at.values()), 1)
         result["event_p50_s"] = round(statistics.median(latencies), 2) if latencies else None
         result["event_p99_s"] = round(percentile(latencies, 0.99) or 0.0, 2) if latencies else None
         for name in names:
@@ -337,11 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         "--cells",
         nargs="+",
         default=["1:none", "2:none", "4:none", "4:queue:2", "4:queue:1"],
-        help="TRIGGERERS:ROUTING[:POOL_SIZE] per cell, run one after another (routing: none or queue)",
+        help="TRIGGERERS:ROUTING[:POOL_SIZE] per cell, run one after another (routing: none, queue, or floor: "
+        "Airflow's own DateTimeTrigger, all firing at one moment)",
     )
     parser.add_argument("--poll-interval", type=float, default=30.0)
     parser.add_argument("--warmup", type=float, default=45.0)
     parser.add_argument("--hold", type=float, default=120.0)
+    parser.add_argument("--floor-after", type=float, default=420.0, help="seconds to the floor cell's moment")
     parser.add_argument("--claim-timeout", type=float, default=900.0)
     parser.add_argument("--events-timeout", type=float, default=300.0)
     parser.add_argument("--allow-busy", action="store_true")
@@ -362,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             pool_size = int(parts[2]) if len(parts) > 2 else 2
             with quiet_cell(allow_busy=args.allow_busy) as record:
                 result = {**cell(args, triggerers, routing, pool_size, pg.dsn, endpoint, s3), **record}
+            result["finished_utc"] = dt.datetime.now(UTC).isoformat(timespec="seconds")
             failed = failed or "error" in result
             line = json.dumps(result)
             print(line, flush=True)
