@@ -116,12 +116,15 @@ def write_waits(
     now = dt.datetime.now(UTC)
     deadline = (now + dt.timedelta(days=1)).isoformat()
     version = uuid.uuid4()
+    floor = None
+    if moment is not None:  # Airflow's own trigger: what the triggerer costs with nothing of ours
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        floor = DateTimeTrigger(moment=moment).serialize()
     triggers = []
     for i in range(n):
-        if moment is not None:  # Airflow's own trigger: what the triggerer costs with nothing of ours
-            from airflow.providers.standard.triggers.temporal import DateTimeTrigger
-
-            classpath, kwargs = DateTimeTrigger(moment=moment).serialize()
+        if floor is not None:
+            classpath, kwargs = floor
         else:
             classpath, kwargs = S3KeyTrigger(
                 bucket_key=key_of(i, folders), bucket_name=bucket, aws_conn_id="bench_aws",
@@ -305,11 +308,9 @@ def cell(
                     return result
             time.sleep(1)
         result["claim_s"] = round(time.monotonic() - started, 1)
-        held = {
-            int(job): int(count)
-            for job, count in query(dsn, "SELECT triggerer_id, count(*) FROM trigger GROUP BY triggerer_id")
-        }
-        result["held"] = sorted(held.values())
+        result["held"] = sorted(
+            int(count) for _, count in query(dsn, "SELECT triggerer_id, count(*) FROM trigger GROUP BY triggerer_id")
+        )
         # Claimed is not running: each runner builds and starts what its triggerer claimed.
         while sum(running(airflow, name) for name in names) < n:
             if time.monotonic() - started > args.claim_timeout:
