@@ -119,7 +119,11 @@ def test_one_submit_per_job_through_a_kill_a_retry_and_a_timeout(jobs: Jobs) -> 
         and times_out have left the triggerer, SIGKILL the triggerer holding survives_kill (the
         other one adopts it), then end its job. The kill meets no other wait's event half-stored."""
         deferred = [watched.first_seen(task_id, "deferred") for task_id in TASKS]
-        if not jobs.ended and all(at is not None and time.time() - at >= DEFERRED_FOR for at in deferred):
+        if (
+            not jobs.ended
+            and all(at is not None and time.time() - at >= DEFERRED_FOR for at in deferred)
+            and set(TASKS) <= airflow.worker_exits(DAG_ID, run_id)  # Airflow's own race, docs/operations.md
+        ):
             api.finish("succeeds")
             api.finish("reattaches", refused=1)  # one 403 fails the wait, then the job is done for the retry
             jobs.ended = True

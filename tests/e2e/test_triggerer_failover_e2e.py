@@ -66,6 +66,12 @@ def test_the_other_triggerer_adopts_the_trigger_of_a_killed_one(ha_airflow: tupl
         return rows if len(rows) == 4 and all(row[1] is not None for row in rows) else []
 
     rows = wait_for("all four triggers assigned to a triggerer", assigned)
+    # The scheduler has taken in the exit of each worker that deferred before the moment fires
+    # (a resume before then can lose to Airflow's own race, docs/operations.md).
+    wait_for(
+        "the deferring workers' exits taken in",
+        lambda: {"resume_on_worker", "end_from_trigger"} <= airflow.worker_exits(DAG_ID, run_id),
+    )
     # The one running the wait whose moment counts from its start: the adopter must keep that start.
     victim = int(str(dict(rows)["start_wait"]))
     survivor = second_job if victim == first_job else first_job
