@@ -1,10 +1,22 @@
-"""A fleet of triggerers: N S3 waits on a few folders, held by 1, 2 or 4 real Airflow 3.3 triggerers.
+"""A fleet of triggerers: N waits on one upstream, held by 1, 2 or 4 real Airflow 3.3 triggerers.
 
-The kit shares one listing per S3 folder among the waits on it, within one triggerer process.
+The kit shares what waits on one upstream ask within one triggerer process: one listing per S3
+folder, one response per identical HTTP request, one statement per Postgres table and round.
 Airflow hands each new trigger to whichever triggerer claims it first, so with T triggerers the
-waits on one folder spread over up to T processes and the folder is listed up to T times per
-round. With ``[triggerer] queues_enabled`` and ``trigger_queue``, the waits of one folder go to
-a pool of triggerers (two for failover), and each folder is listed once per pool member.
+waits on one group (a folder, a URL, a table) spread over up to T processes and the group is
+asked up to T times per round. With ``[triggerer] queues_enabled`` and ``trigger_queue``, the
+waits of one group go to a pool of triggerers (two for failover), and each group is asked once
+per pool member.
+
+Kinds (``--kind``), each N waits over ``--groups`` groups (wait ``i`` on group ``i % groups``):
+
+* ``s3``: the kit's ``S3KeyTrigger`` on key ``u{j}/k-{i}.csv``; upstream requests: the S3
+  server's; the flip puts every wait's object (8 threads), each its own moment.
+* ``http``: ``HttpBatchReadyTrigger`` on ``ready/{j}`` of one batch API (404 until the flip);
+  upstream requests: the API's; the flip turns every URL ready at one moment.
+* ``postgres``: ``PostgresBatchMarkerTrigger`` on table ``markers_{j}`` for its own batch id;
+  upstream requests: statements on the marker tables (``pg_stat_statements`` on the upstream's
+  own cluster); the flip inserts every marker in one transaction.
 
 Each cell: a fresh PostgreSQL metadata DB (a clone of one migrated by ``airflow db migrate``), N
 deferred task instances and their trigger rows written directly (in one transaction, as the
@@ -17,14 +29,14 @@ scheduler runs: a fired trigger leaves its task instance ``scheduled``, with the
 * ``claim_s``: from the triggerers' start until every trigger is held; ``held``: triggers per
   triggerer (the claim balance); ``running_s``: until every triggerer's runner says it runs
   what it holds (the warm-up counts from there).
-* ``--hold`` seconds of steady waiting: the S3 server's requests in it, per round
+* ``--hold`` seconds of steady waiting: the upstream's requests in it, per round
   (``requests_per_round`` = requests / (hold / poll interval)), and each triggerer's CPU
-  (supervisor and runner processes), as % of one core. A listing answers the polls of its
-  folder for one reuse window (a tenth of the poll interval, at most 1 s), so with the polls
-  spread over the round the least is one listing per second per folder in each triggerer
-  holding waits on it: 30 per folder and holder at a 30 s poll.
-* the flip: every wait's object put (8 threads), its put time recorded; ``event_p50_s`` /
-  ``event_p99_s``: from each object's put to its task instance's ``scheduled_dttm``;
+  (supervisor and runner processes), as % of one core. A shared answer serves the polls of its
+  group for one reuse window (a tenth of the poll interval, at most 1 s), so with the polls
+  spread over the round the least is one request per second per group in each triggerer
+  holding waits on it: 30 per group and holder at a 30 s poll.
+* the flip (see the kinds), each wait's moment recorded; ``event_p50_s`` / ``event_p99_s``:
+  from a wait's moment to its task instance's ``scheduled_dttm``;
   ``events`` / ``missing`` within ``--events-timeout`` of the last put (the floor: of its
   moment); ``all_events_s``: from the first put to the last event committed.
 
@@ -35,18 +47,20 @@ request, and how fast Airflow's triggerer turns N simultaneous events into sched
 instances, side by side with the kit's cells in the same session.
 
 Routing (each cell's ``TRIGGERERS:ROUTING[:POOL_SIZE]``): ``none`` (no queue, triggerers
-without ``--queues``), or ``queue``: the waits of folder ``j`` carry the queue ``trg-u{j}``,
+without ``--queues``), or ``queue``: the waits of group ``j`` carry the queue ``trg-u{j}``,
 and the triggerers form pools of ``POOL_SIZE`` (default 2), each pool listing the queues of
-its folders (``j % pools``).
+its groups (``j % pools``).
 
 Usage::
 
-    PYTHONPATH=. .venv/bin/python -m benchmarks.fleet --n 10000 --folders 4 \\
+    PYTHONPATH=. .venv/bin/python -m benchmarks.fleet --kind http --n 10000 --groups 4 \\
         --cells 1:none 2:none 4:none 4:queue:2 4:queue:1 --poll-interval 30 --hold 120
 
 Each cell runs in its own quiet window (:func:`benchmarks.quiet.quiet_cell`), with its own
-metadata DB and bucket; the servers and the migrated template are shared by the cells. Prints
-one JSON line per cell (``--out`` appends them to a file too).
+metadata DB and its own upstream (a fresh server or cluster); the metadata cluster and its
+migrated template are shared by the cells. Prints one JSON line per cell (``--out`` appends
+them to a file too). Lines of the S3 kind before the other kinds came name the groups
+``folders``.
 """
 
 from __future__ import annotations
@@ -78,64 +92,218 @@ UTC = dt.timezone.utc
 RUNNING = re.compile(r"(\d+) triggers currently running")
 
 
-def key_of(i: int, folders: int) -> str:
-    return f"u{i % folders}/k-{i:05d}.csv"
+def queue_of(i: int, groups: int) -> str:
+    return f"trg-u{i % groups}"
 
 
-def queue_of(i: int, folders: int) -> str:
-    return f"trg-u{i % folders}"
-
-
-def pools(triggerers: int, folders: int, pool_size: int) -> list[list[str]]:
-    """The queues each triggerer lists: pools of ``pool_size``, folder ``j`` on pool ``j % pools``."""
+def pools(triggerers: int, groups: int, pool_size: int) -> list[list[str]]:
+    """The queues each triggerer lists: pools of ``pool_size``, group ``j`` on pool ``j % pools``."""
     count = max(1, triggerers // pool_size)
     return [
-        [f"trg-u{j}" for j in range(folders) if j % count == min(t // pool_size, count - 1)] for t in range(triggerers)
+        [f"trg-u{j}" for j in range(groups) if j % count == min(t // pool_size, count - 1)] for t in range(triggerers)
     ]
 
 
-def write_waits(
-    dsn: str, bucket: str, n: int, folders: int, poll: float, routed: bool, moment: dt.datetime | None = None
-) -> None:
-    """N deferred task instances of one run and their S3 triggers, in one transaction.
+class Upstream:
+    """What every wait of one cell is on: its connection, its triggers, its counter and its flip.
+
+    A kind subclasses it (:class:`S3Folders`, :class:`HttpUrls`, :class:`PostgresTables`);
+    :func:`upstream` starts a fresh one for each cell, so a flip never leaks into the next.
+    """
+
+    kind: str
+    #: The sensor a worker would have deferred from (the task instances' ``operator``).
+    operator: str
+
+    def __init__(self, endpoint: str, groups: int, poll: float) -> None:
+        self.endpoint, self.groups, self.poll = endpoint, groups, poll
+        self.deadline = (dt.datetime.now(UTC) + dt.timedelta(days=1)).isoformat()
+
+    def connections(self) -> dict[str, str]:
+        """``AIRFLOW_CONN_*`` variables the triggerers need."""
+        raise NotImplementedError
+
+    def trigger(self, i: int) -> Any:
+        """Wait ``i``'s trigger, on group ``i % groups``."""
+        raise NotImplementedError
+
+    def served(self) -> int:
+        """Requests (statements) the upstream has answered so far for the waits."""
+        raise NotImplementedError
+
+    def flip(self, n: int) -> dict[str, float]:
+        """Make every wait's condition true; each task id -> the moment its condition came true."""
+        raise NotImplementedError
+
+
+class S3Folders(Upstream):
+    kind, operator = "s3-folders", "S3KeySensor"
+
+    def __init__(self, endpoint: str, groups: int, poll: float) -> None:
+        import botocore.session
+
+        super().__init__(endpoint, groups, poll)
+        self.bucket = f"fleet-{uuid.uuid4().hex[:8]}"
+        self.s3 = botocore.session.get_session().create_client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        )  # fmt: skip
+        self.s3.create_bucket(Bucket=self.bucket)
+
+    def key(self, i: int) -> str:
+        return f"u{i % self.groups}/k-{i:05d}.csv"
+
+    def connections(self) -> dict[str, str]:
+        extra = {"endpoint_url": self.endpoint, "region_name": "us-east-1"}
+        return {
+            "AIRFLOW_CONN_BENCH_AWS": json.dumps(
+                {"conn_type": "aws", "login": "testing", "password": "testing", "extra": extra}
+            )
+        }
+
+    def trigger(self, i: int) -> Any:
+        from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
+
+        return S3KeyTrigger(
+            bucket_key=self.key(i), bucket_name=self.bucket, aws_conn_id="bench_aws",
+            poll_interval=self.poll, deadline=self.deadline,
+        )  # fmt: skip
+
+    def served(self) -> int:
+        return requests_served(self.endpoint)
+
+    def flip(self, n: int) -> dict[str, float]:
+        put_at: dict[str, float] = {}
+
+        def put(i: int) -> None:
+            self.s3.put_object(Bucket=self.bucket, Key=self.key(i), Body=b"1\n")
+            put_at[f"wait_{i}"] = time.time()
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(put, range(n)))
+        return put_at
+
+
+class HttpUrls(Upstream):
+    kind, operator = "http-urls", "HttpBatchReadySensor"
+
+    def connections(self) -> dict[str, str]:
+        host, port = self.endpoint.removeprefix("http://").split(":")
+        return {"AIRFLOW_CONN_BENCH_HTTP": json.dumps({"conn_type": "http", "host": host, "port": int(port)})}
+
+    def trigger(self, i: int) -> Any:
+        from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
+
+        return HttpBatchReadyTrigger(
+            http_conn_id="bench_http", endpoint=f"ready/{i % self.groups}", poll_interval=self.poll,
+            deadline=self.deadline,
+        )  # fmt: skip
+
+    def served(self) -> int:
+        return requests_served(self.endpoint)
+
+    def flip(self, n: int) -> dict[str, float]:
+        request = urllib.request.Request(f"{self.endpoint}/flip", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            ready_at = float(json.loads(response.read())["ready_at"])
+        return {f"wait_{i}": ready_at for i in range(n)}
+
+
+class PostgresTables(Upstream):
+    kind, operator = "postgres-tables", "PostgresBatchMarkerSensor"
+
+    def __init__(self, endpoint: str, groups: int, poll: float) -> None:
+        super().__init__(endpoint, groups, poll)
+        for j in range(groups):
+            query(endpoint, f"CREATE TABLE markers_{j} (batch_id text PRIMARY KEY, state text NOT NULL)", fetch=False)
+        query(endpoint, "SELECT pg_stat_statements_reset()")
+
+    def connections(self) -> dict[str, str]:
+        port = int(self.endpoint.rsplit(":", 1)[1].split("/")[0])
+        return {
+            "AIRFLOW_CONN_BENCH_PG": json.dumps(
+                {"conn_type": "postgres", "host": "127.0.0.1", "port": port, "login": "postgres", "schema": "postgres"}
+            )
+        }
+
+    def trigger(self, i: int) -> Any:
+        from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
+
+        return PostgresBatchMarkerTrigger(
+            postgres_conn_id="bench_pg", table=f"markers_{i % self.groups}", match={"batch_id": f"batch-{i:06d}"},
+            poll_interval=self.poll, deadline=self.deadline,
+        )  # fmt: skip
+
+    def served(self) -> int:
+        """The waits' statements (selects on a marker table) the server has run, as it counts them."""
+        rows = query(
+            self.endpoint,
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
+            "WHERE query ILIKE 'select%' AND query LIKE '%markers\\_%'",
+        )
+        return int(rows[0][0])
+
+    def flip(self, n: int) -> dict[str, float]:
+        statements = [
+            f"INSERT INTO markers_{j} SELECT 'batch-' || lpad(g::text, 6, '0'), 'ready' "
+            f"FROM generate_series(0, {n - 1}) g WHERE g % {self.groups} = {j}"
+            for j in range(self.groups)
+        ]
+        query(self.endpoint, "; ".join(statements), fetch=False)  # one transaction: every marker at once
+        committed = time.time()
+        return {f"wait_{i}": committed for i in range(n)}
+
+
+KINDS: dict[str, type[Upstream]] = {"s3": S3Folders, "http": HttpUrls, "postgres": PostgresTables}
+
+
+@contextlib.contextmanager
+def upstream(kind: str, groups: int, poll: float) -> Iterator[Upstream]:
+    """A fresh upstream of ``kind`` for one cell: its own server (or cluster), stopped after."""
+    from benchmarks.triggerer_load import bench_server, servers
+
+    if kind == "postgres":
+        with servers("postgres") as (dsn, _):
+            yield PostgresTables(dsn, groups, poll)
+    else:
+        with bench_server(kind) as (endpoint, _, _):
+            yield KINDS[kind](endpoint, groups, poll)
+
+
+def write_waits(dsn: str, up: Upstream, n: int, routed: bool, moment: dt.datetime | None = None) -> None:
+    """N deferred task instances of one run and their triggers on ``up``, in one transaction.
 
     Written with Airflow's own table objects, so their Python-side defaults apply as when
     Airflow writes them; the columns given are those the triggerer reads (a task instance
     without ``dag_version_id`` is skipped, one without ``queue`` or ``priority_weight`` stops
     the triggerer) and the kwargs are stored as the Execution API stores a worker's deferral.
+    With ``moment``, every trigger is Airflow's own ``DateTimeTrigger`` instead (the floor).
     """
     import sqlalchemy as sa
     from airflow.models import import_all_models
     from airflow.models.base import Base
     from airflow.sdk.serde import serialize
 
-    from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
-
     import_all_models()
     tables = Base.metadata.tables
     now = dt.datetime.now(UTC)
-    deadline = (now + dt.timedelta(days=1)).isoformat()
     version = uuid.uuid4()
     floor = None
     if moment is not None:  # Airflow's own trigger: what the triggerer costs with nothing of ours
         from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
-        floor = DateTimeTrigger(moment=moment).serialize()
+        classpath, kwargs = DateTimeTrigger(moment=moment).serialize()
+        floor = json.dumps(serialize(kwargs))
     triggers = []
     for i in range(n):
-        if floor is not None:
-            classpath, kwargs = floor
-        else:
-            classpath, kwargs = S3KeyTrigger(
-                bucket_key=key_of(i, folders), bucket_name=bucket, aws_conn_id="bench_aws",
-                poll_interval=poll, deadline=deadline,
-            ).serialize()  # fmt: skip
+        if floor is None:
+            classpath, kwargs = up.trigger(i).serialize()
         triggers.append(
             {
                 "classpath": classpath,
-                "kwargs": json.dumps(serialize(kwargs)),
+                "kwargs": floor or json.dumps(serialize(kwargs)),
                 "created_date": now,
-                "queue": queue_of(i, folders) if routed else None,
+                "queue": queue_of(i, up.groups) if routed else None,
             }
         )
     engine = sa.create_engine(dsn.replace("postgresql://", "postgresql+psycopg2://"))
@@ -173,8 +341,8 @@ def write_waits(
                         "map_index": -1, "try_number": 1, "max_tries": 0, "state": "deferred",
                         "trigger_id": trigger_id, "trigger_timeout": now + dt.timedelta(days=1),
                         "next_method": "execute_complete", "dag_version_id": version, "priority_weight": 1,
-                        "queue": queue_of(i, folders) if routed else "default", "pool": "default_pool",
-                        "pool_slots": 1, "operator": "S3KeySensor", "start_date": now,
+                        "queue": queue_of(i, up.groups) if routed else "default", "pool": "default_pool",
+                        "pool_slots": 1, "operator": up.operator, "start_date": now,
                     }
                     for i, trigger_id in enumerate(ids)
                 ],
@@ -183,14 +351,14 @@ def write_waits(
         engine.dispose()
 
 
-def query(dsn: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+def query(dsn: str, sql: str, *args: Any, fetch: bool = True) -> list[tuple[Any, ...]]:
     import psycopg2
 
     conn = psycopg2.connect(dsn)
     try:
         with conn, conn.cursor() as cur:
-            cur.execute(sql, args)
-            return list(cur.fetchall())
+            cur.execute(sql, args or None)  # none: a literal % is no placeholder
+            return list(cur.fetchall()) if fetch else []
     finally:
         conn.close()
 
@@ -226,7 +394,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 @contextlib.contextmanager
-def deployment(pg_dsn: str, endpoint: str, routed: bool, capacity: int) -> Iterator[Any]:
+def deployment(pg_dsn: str, connections: dict[str, str], routed: bool, capacity: int) -> Iterator[Any]:
     """A migrated metadata DB of its own and an Airflow home whose triggerers are started by the caller."""
     from scripts.airflow_local import LocalAirflow, clone_migrated
     from scripts.services import free_port
@@ -240,17 +408,11 @@ def deployment(pg_dsn: str, endpoint: str, routed: bool, capacity: int) -> Itera
     admin.cursor().execute(f"CREATE DATABASE {database}")
     admin.close()
     dsn = pg_dsn.rsplit("/", 1)[0] + f"/{database}"
-    connection = {
-        "conn_type": "aws",
-        "login": "testing",
-        "password": "testing",
-        "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-    }
     airflow = LocalAirflow(
         dags_folder=dags,
         sql_alchemy_conn=dsn.replace("postgresql://", "postgresql+psycopg2://"),
         extra_env={
-            "AIRFLOW_CONN_BENCH_AWS": json.dumps(connection),
+            **connections,
             "AIRFLOW__TRIGGERER__CAPACITY": str(capacity),
             "AIRFLOW__TRIGGERER__QUEUES_ENABLED": str(routed),
             "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "120",
@@ -268,120 +430,116 @@ def deployment(pg_dsn: str, endpoint: str, routed: bool, capacity: int) -> Itera
         shutil.rmtree(dags, ignore_errors=True)
 
 
-def cell(
-    args: argparse.Namespace, triggerers: int, routing: str, pool_size: int, pg_dsn: str, endpoint: str, s3: Any
-) -> dict[str, Any]:
+def cell(args: argparse.Namespace, triggerers: int, routing: str, pool_size: int, pg_dsn: str) -> dict[str, Any]:
     """One fleet: ``triggerers`` triggerers, the waits routed (``routing="queue"``) or not, measured."""
     routed, floor = routing == "queue", routing == "floor"
-    n, folders, t = args.n, args.folders, triggerers
-    bucket = f"fleet-{uuid.uuid4().hex[:8]}"
-    s3.create_bucket(Bucket=bucket)
-    result: dict[str, Any] = {
-        "bench": "fleet", "kind": "airflow-datetime" if floor else "s3-folders", "n": n, "folders": folders,
-        "triggerers": t,
-        "routing": routing, "pool_size": pool_size if routed else None, "poll_interval": args.poll_interval,
-        "hold_s": args.hold,
-    }  # fmt: skip
-    # Capacity for every wait on one triggerer: the claim balance is Airflow's, not a cap's.
-    with deployment(pg_dsn, endpoint, routed, capacity=n) as (airflow, dsn):
-        # The floor's triggers all fire at one moment, late enough for every one to be running.
-        moment = dt.datetime.now(UTC) + dt.timedelta(seconds=args.floor_after) if floor else None
-        write_waits(dsn, bucket, n, folders, args.poll_interval, routed, moment)
-        queues = pools(t, folders, pool_size) if routed else [[] for _ in range(t)]
-        result["queues"] = queues
-        started = time.monotonic()
-        names = []
-        for number, listed in enumerate(queues, start=1):
-            name = "triggerer" if number == 1 else f"triggerer-{number}"
-            airflow.start_component("triggerer", name=name, options=["--queues", ",".join(listed)] if listed else [])
-            names.append(name)
-        while True:
-            (unheld,) = query(dsn, "SELECT count(*) FROM trigger WHERE triggerer_id IS NULL")[0]
-            if not unheld:
-                break
-            if time.monotonic() - started > args.claim_timeout:
-                result["error"] = f"{unheld} triggers unclaimed after {args.claim_timeout:.0f}s"
-                return result
-            for name in names:
-                if airflow.processes[name].poll() is not None:
-                    result["error"] = f"{name} exited: {airflow.log_tail(name)}"
-                    return result
-            time.sleep(1)
-        result["claim_s"] = round(time.monotonic() - started, 1)
-        result["held"] = sorted(
-            int(count) for _, count in query(dsn, "SELECT triggerer_id, count(*) FROM trigger GROUP BY triggerer_id")
-        )
-        # Claimed is not running: each runner builds and starts what its triggerer claimed.
-        while sum(running(airflow, name) for name in names) < n:
-            if time.monotonic() - started > args.claim_timeout:
-                result["error"] = f"only {[running(airflow, name) for name in names]} running"
-                return result
-            time.sleep(2)
-        result["running_s"] = round(time.monotonic() - started, 1)
-        time.sleep(args.warmup)  # every wait has made its first poll (a HEAD) and its folder's group formed
-        pids = {name: airflow.processes[name].pid for name in names}
-        cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
-        served0, hold0 = requests_served(endpoint), time.monotonic()
-        time.sleep(args.hold)
-        elapsed = time.monotonic() - hold0
-        served = requests_served(endpoint) - served0
-        cpu = {name: (tree_cpu(pid) - cpu0[name]) / elapsed * 100 for name, pid in pids.items()}
-        result["requests_per_round"] = round(served / (elapsed / args.poll_interval), 2)
-        result["cpu_pct_per_triggerer"] = [round(cpu[name], 1) for name in names]
-        result["cpu_pct_total"] = round(sum(cpu.values()), 1)
+    n, groups, t = args.n, args.groups, triggerers
+    with upstream(args.kind, groups, args.poll_interval) as up:
+        result: dict[str, Any] = {
+            "bench": "fleet", "kind": "airflow-datetime" if floor else up.kind, "n": n, "groups": groups,
+            "triggerers": t, "routing": routing, "pool_size": pool_size if routed else None,
+            "poll_interval": args.poll_interval, "hold_s": args.hold,
+        }  # fmt: skip
+        # Capacity for every wait on one triggerer: the claim balance is Airflow's, not a cap's.
+        with deployment(pg_dsn, up.connections(), routed, capacity=n) as (airflow, dsn):
+            return measure(args, result, up, airflow, dsn, pool_size)
 
-        put_at: dict[str, float] = {}
 
-        def put(i: int) -> None:
-            key = key_of(i, folders)
-            s3.put_object(Bucket=bucket, Key=key, Body=b"1\n")
-            put_at[f"wait_{i}"] = time.time()
-
-        flip0 = time.time()
-        if moment is not None:
-            if time.time() > moment.timestamp():
-                result["error"] = "the moment passed before every trigger ran: raise --floor-after"
-                return result
-            put_at = {f"wait_{i}": moment.timestamp() for i in range(n)}
-        else:
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                list(pool.map(put, range(n)))
-        result["flip_s"] = round(time.time() - flip0, 1)
-        # From the last put, or from the floor's moment: until it comes there is nothing to wait for.
-        deadline = time.monotonic() + max(min(put_at.values()) - time.time(), 0.0) + args.events_timeout
-        fired: dict[str, float] = {}
-        while time.monotonic() < deadline:
-            rows = query(
-                dsn,
-                "SELECT task_id, extract(epoch FROM scheduled_dttm) FROM task_instance "
-                "WHERE dag_id = %s AND state <> 'deferred' AND scheduled_dttm IS NOT NULL",
-                DAG_ID,
-            )
-            fired = {task: float(moment) for task, moment in rows}
-            if len(fired) >= n:
-                break
-            time.sleep(2)
-        latencies = [fired[task] - put_at[task] for task in fired if task in put_at]
-        result["events"], result["missing"] = len(fired), n - len(fired)
-        if fired:  # from the first put (the floor: the moment) to the last event committed
-            result["all_events_s"] = round(max(fired.values()) - min(put_at.values()), 1)
-        result["event_p50_s"] = round(statistics.median(latencies), 2) if latencies else None
-        result["event_p99_s"] = round(percentile(latencies, 0.99) or 0.0, 2) if latencies else None
+def measure(
+    args: argparse.Namespace, result: dict[str, Any], up: Upstream, airflow: Any, dsn: str, pool_size: int
+) -> dict[str, Any]:
+    """Claim, hold and flip one cell's fleet (the module docstring's figures) into ``result``."""
+    n, t, floor, routed = result["n"], result["triggerers"], result["routing"] == "floor", result["routing"] == "queue"
+    # The floor's triggers all fire at one moment, late enough for every one to be running.
+    moment = dt.datetime.now(UTC) + dt.timedelta(seconds=args.floor_after) if floor else None
+    write_waits(dsn, up, n, routed, moment)
+    queues = pools(t, up.groups, pool_size) if routed else [[] for _ in range(t)]
+    result["queues"] = queues
+    started = time.monotonic()
+    names = []
+    for number, listed in enumerate(queues, start=1):
+        name = "triggerer" if number == 1 else f"triggerer-{number}"
+        airflow.start_component("triggerer", name=name, options=["--queues", ",".join(listed)] if listed else [])
+        names.append(name)
+    while True:
+        (unheld,) = query(dsn, "SELECT count(*) FROM trigger WHERE triggerer_id IS NULL")[0]
+        if not unheld:
+            break
+        if time.monotonic() - started > args.claim_timeout:
+            result["error"] = f"{unheld} triggers unclaimed after {args.claim_timeout:.0f}s"
+            return result
         for name in names:
             if airflow.processes[name].poll() is not None:
-                result.setdefault("exited", []).append(name)
+                result["error"] = f"{name} exited: {airflow.log_tail(name)}"
+                return result
+        time.sleep(1)
+    result["claim_s"] = round(time.monotonic() - started, 1)
+    result["held"] = sorted(
+        int(count) for _, count in query(dsn, "SELECT triggerer_id, count(*) FROM trigger GROUP BY triggerer_id")
+    )
+    # Claimed is not running: each runner builds and starts what its triggerer claimed.
+    while sum(running(airflow, name) for name in names) < n:
+        if time.monotonic() - started > args.claim_timeout:
+            result["error"] = f"only {[running(airflow, name) for name in names]} running"
+            return result
+        time.sleep(2)
+    result["running_s"] = round(time.monotonic() - started, 1)
+    time.sleep(args.warmup)  # every wait has made its first poll and its group's sharing formed
+    pids = {name: airflow.processes[name].pid for name in names}
+    cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
+    served0, hold0 = up.served(), time.monotonic()
+    time.sleep(args.hold)
+    elapsed = time.monotonic() - hold0
+    served = up.served() - served0
+    cpu = {name: (tree_cpu(pid) - cpu0[name]) / elapsed * 100 for name, pid in pids.items()}
+    result["requests_per_round"] = round(served / (elapsed / args.poll_interval), 2)
+    result["cpu_pct_per_triggerer"] = [round(cpu[name], 1) for name in names]
+    result["cpu_pct_total"] = round(sum(cpu.values()), 1)
+
+    flip0 = time.time()
+    if moment is not None:
+        if time.time() > moment.timestamp():
+            result["error"] = "the moment passed before every trigger ran: raise --floor-after"
+            return result
+        put_at = {f"wait_{i}": moment.timestamp() for i in range(n)}
+    else:
+        put_at = up.flip(n)
+    result["flip_s"] = round(time.time() - flip0, 1)
+    # From the last put, or from the floor's moment: until it comes there is nothing to wait for.
+    deadline = time.monotonic() + max(min(put_at.values()) - time.time(), 0.0) + args.events_timeout
+    fired: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        rows = query(
+            dsn,
+            "SELECT task_id, extract(epoch FROM scheduled_dttm) FROM task_instance "
+            "WHERE dag_id = %s AND state <> 'deferred' AND scheduled_dttm IS NOT NULL",
+            DAG_ID,
+        )
+        fired = {task: float(at) for task, at in rows}
+        if len(fired) >= n:
+            break
+        time.sleep(2)
+    latencies = [fired[task] - put_at[task] for task in fired if task in put_at]
+    result["events"], result["missing"] = len(fired), n - len(fired)
+    if fired:  # from the first put (the floor: the moment) to the last event committed
+        result["all_events_s"] = round(max(fired.values()) - min(put_at.values()), 1)
+    result["event_p50_s"] = round(statistics.median(latencies), 2) if latencies else None
+    result["event_p99_s"] = round(percentile(latencies, 0.99) or 0.0, 2) if latencies else None
+    for name in names:
+        if airflow.processes[name].poll() is not None:
+            result.setdefault("exited", []).append(name)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from benchmarks.quiet import quiet_cell
-    from benchmarks.triggerer_load import bench_server
     from scripts import services
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", choices=sorted(KINDS), default="s3")
     parser.add_argument("--n", type=int, default=10_000)
-    parser.add_argument("--folders", type=int, default=4)
+    parser.add_argument("--groups", "--folders", type=int, default=4, help="S3 folders, HTTP URLs or Postgres tables")
     parser.add_argument(
         "--cells",
         nargs="+",
@@ -399,20 +557,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
-    import botocore.session
-
     failed = False
-    with services.postgres(max_connections=400) as pg, bench_server("s3") as (endpoint, _, _):
-        s3 = botocore.session.get_session().create_client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1",
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-        )  # fmt: skip
+    with services.postgres(max_connections=400) as pg:
         for spec in args.cells:
             parts = spec.split(":")
             triggerers, routing = int(parts[0]), parts[1]
             pool_size = int(parts[2]) if len(parts) > 2 else 2
             with quiet_cell(allow_busy=args.allow_busy) as record:
-                result = {**cell(args, triggerers, routing, pool_size, pg.dsn, endpoint, s3), **record}
+                result = {**cell(args, triggerers, routing, pool_size, pg.dsn), **record}
             result["finished_utc"] = dt.datetime.now(UTC).isoformat(timespec="seconds")
             failed = failed or "error" in result
             line = json.dumps(result)
