@@ -40,11 +40,17 @@ scheduler runs: a fired trigger leaves its task instance ``scheduled``, with the
   ``events`` / ``missing`` within ``--events-timeout`` of the last put (the floor: of its
   moment); ``all_events_s``: from the first put to the last event committed.
 
-The floor (a cell ``T:floor``): the same N task instances deferred on Airflow's own
-``DateTimeTrigger`` (standard provider), every one firing at one moment ``--floor-after``
-seconds after they were written: the CPU of T triggerers holding N triggers that make no
-request, and how fast Airflow's triggerer turns N simultaneous events into scheduled task
-instances, side by side with the kit's cells in the same session.
+The floors, side by side with the kit's cells in the same session: the same N task instances
+deferred on Airflow's own ``DateTimeTrigger`` (standard provider).
+
+* ``T:idle``, its moment a day away: each trigger sleeps an hour at a time and logs nothing in
+  the hold, so the CPU is what T triggerers cost holding N triggers that do nothing (Airflow's
+  runner floor). Nothing fires; no event is measured.
+* ``T:floor``, every one firing at one moment ``--floor-after`` seconds after they were
+  written: how fast Airflow's triggerer turns N simultaneous events into scheduled task
+  instances. Its CPU is *not* a floor: in the last two minutes before its moment each
+  ``DateTimeTrigger`` wakes and logs every 10 s (every second in the last 20 s), so its hold
+  includes Airflow's trigger logging 1,000 lines a second at N=10,000.
 
 Routing (each cell's ``TRIGGERERS:ROUTING[:POOL_SIZE]``): ``none`` (no queue, triggerers
 without ``--queues``), or ``queue``: the waits of group ``j`` carry the queue ``trg-u{j}``,
@@ -432,11 +438,12 @@ def deployment(pg_dsn: str, connections: dict[str, str], routed: bool, capacity:
 
 def cell(args: argparse.Namespace, triggerers: int, routing: str, pool_size: int, pg_dsn: str) -> dict[str, Any]:
     """One fleet: ``triggerers`` triggerers, the waits routed (``routing="queue"``) or not, measured."""
-    routed, floor = routing == "queue", routing == "floor"
+    routed = routing == "queue"
     n, groups, t = args.n, args.groups, triggerers
     with upstream(args.kind, groups, args.poll_interval) as up:
+        kind = {"floor": "airflow-datetime", "idle": "airflow-datetime-idle"}.get(routing, up.kind)
         result: dict[str, Any] = {
-            "bench": "fleet", "kind": "airflow-datetime" if floor else up.kind, "n": n, "groups": groups,
+            "bench": "fleet", "kind": kind, "n": n, "groups": groups,
             "triggerers": t, "routing": routing, "pool_size": pool_size if routed else None,
             "poll_interval": args.poll_interval, "hold_s": args.hold,
         }  # fmt: skip
@@ -449,9 +456,12 @@ def measure(
     args: argparse.Namespace, result: dict[str, Any], up: Upstream, airflow: Any, dsn: str, pool_size: int
 ) -> dict[str, Any]:
     """Claim, hold and flip one cell's fleet (the module docstring's figures) into ``result``."""
-    n, t, floor, routed = result["n"], result["triggerers"], result["routing"] == "floor", result["routing"] == "queue"
-    # The floor's triggers all fire at one moment, late enough for every one to be running.
-    moment = dt.datetime.now(UTC) + dt.timedelta(seconds=args.floor_after) if floor else None
+    n, t, routing = result["n"], result["triggerers"], result["routing"]
+    routed = routing == "queue"
+    # The floor's triggers all fire at one moment, late enough for every one to be running; the
+    # idle floor's a day away: each sleeps an hour at a time and logs nothing in the hold.
+    after = {"floor": args.floor_after, "idle": 86_400.0}.get(routing)
+    moment = None if after is None else dt.datetime.now(UTC) + dt.timedelta(seconds=after)
     write_waits(dsn, up, n, routed, moment)
     queues = pools(t, up.groups, pool_size) if routed else [[] for _ in range(t)]
     result["queues"] = queues
@@ -495,6 +505,8 @@ def measure(
     result["requests_per_round"] = round(served / (elapsed / args.poll_interval), 2)
     result["cpu_pct_per_triggerer"] = [round(cpu[name], 1) for name in names]
     result["cpu_pct_total"] = round(sum(cpu.values()), 1)
+    if routing == "idle":
+        return result  # nothing fires: holding N triggers is the figure
 
     flip0 = time.time()
     if moment is not None:
@@ -544,8 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         "--cells",
         nargs="+",
         default=["1:none", "2:none", "4:none", "4:queue:2", "4:queue:1"],
-        help="TRIGGERERS:ROUTING[:POOL_SIZE] per cell, run one after another (routing: none, queue, or floor: "
-        "Airflow's own DateTimeTrigger, all firing at one moment)",
+        help="TRIGGERERS:ROUTING[:POOL_SIZE] per cell, run one after another (routing: none, queue, or Airflow's "
+        "own DateTimeTrigger: idle, its moment a day away, or floor, all firing at one moment)",
     )
     parser.add_argument("--poll-interval", type=float, default=30.0)
     parser.add_argument("--warmup", type=float, default=45.0)
