@@ -118,6 +118,8 @@ class Upstream:
     """
 
     kind: str
+    #: The ``--kind`` it is, and the load benchmark's name for its connection.
+    name: str
     #: The sensor a worker would have deferred from (the task instances' ``operator``).
     operator: str
 
@@ -126,8 +128,10 @@ class Upstream:
         self.deadline = (dt.datetime.now(UTC) + dt.timedelta(days=1)).isoformat()
 
     def connections(self) -> dict[str, str]:
-        """``AIRFLOW_CONN_*`` variables the triggerers need."""
-        raise NotImplementedError
+        """``AIRFLOW_CONN_*`` variables the triggerers need: the load benchmark's own."""
+        from benchmarks.triggerer_load import connections
+
+        return connections(self.name, "kit", self.endpoint, 0)
 
     def trigger(self, i: int) -> Any:
         """Wait ``i``'s trigger, on group ``i % groups``."""
@@ -135,7 +139,7 @@ class Upstream:
 
     def served(self) -> int:
         """Requests (statements) the upstream has answered so far for the waits."""
-        raise NotImplementedError
+        return requests_served(self.endpoint)
 
     def flip(self, n: int) -> dict[str, float]:
         """Make every wait's condition true; each task id -> the moment its condition came true."""
@@ -143,7 +147,7 @@ class Upstream:
 
 
 class S3Folders(Upstream):
-    kind, operator = "s3-folders", "S3KeySensor"
+    kind, name, operator = "s3-folders", "s3", "S3KeySensor"
 
     def __init__(self, endpoint: str, groups: int, poll: float) -> None:
         import botocore.session
@@ -159,14 +163,6 @@ class S3Folders(Upstream):
     def key(self, i: int) -> str:
         return f"u{i % self.groups}/k-{i:05d}.csv"
 
-    def connections(self) -> dict[str, str]:
-        extra = {"endpoint_url": self.endpoint, "region_name": "us-east-1"}
-        return {
-            "AIRFLOW_CONN_BENCH_AWS": json.dumps(
-                {"conn_type": "aws", "login": "testing", "password": "testing", "extra": extra}
-            )
-        }
-
     def trigger(self, i: int) -> Any:
         from airflow_deferrable_kit.triggers.s3 import S3KeyTrigger
 
@@ -174,9 +170,6 @@ class S3Folders(Upstream):
             bucket_key=self.key(i), bucket_name=self.bucket, aws_conn_id="bench_aws",
             poll_interval=self.poll, deadline=self.deadline,
         )  # fmt: skip
-
-    def served(self) -> int:
-        return requests_served(self.endpoint)
 
     def flip(self, n: int) -> dict[str, float]:
         put_at: dict[str, float] = {}
@@ -191,11 +184,7 @@ class S3Folders(Upstream):
 
 
 class HttpUrls(Upstream):
-    kind, operator = "http-urls", "HttpBatchReadySensor"
-
-    def connections(self) -> dict[str, str]:
-        host, port = self.endpoint.removeprefix("http://").split(":")
-        return {"AIRFLOW_CONN_BENCH_HTTP": json.dumps({"conn_type": "http", "host": host, "port": int(port)})}
+    kind, name, operator = "http-urls", "http", "HttpBatchReadySensor"
 
     def trigger(self, i: int) -> Any:
         from airflow_deferrable_kit.triggers.http import HttpBatchReadyTrigger
@@ -205,9 +194,6 @@ class HttpUrls(Upstream):
             deadline=self.deadline,
         )  # fmt: skip
 
-    def served(self) -> int:
-        return requests_served(self.endpoint)
-
     def flip(self, n: int) -> dict[str, float]:
         request = urllib.request.Request(f"{self.endpoint}/flip", method="POST")
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -216,7 +202,7 @@ class HttpUrls(Upstream):
 
 
 class PostgresTables(Upstream):
-    kind, operator = "postgres-tables", "PostgresBatchMarkerSensor"
+    kind, name, operator = "postgres-tables", "postgres", "PostgresBatchMarkerSensor"
 
     def __init__(self, endpoint: str, groups: int, poll: float) -> None:
         super().__init__(endpoint, groups, poll)
@@ -224,19 +210,12 @@ class PostgresTables(Upstream):
             query(endpoint, f"CREATE TABLE markers_{j} (batch_id text PRIMARY KEY, state text NOT NULL)", fetch=False)
         query(endpoint, "SELECT pg_stat_statements_reset()")
 
-    def connections(self) -> dict[str, str]:
-        port = int(self.endpoint.rsplit(":", 1)[1].split("/")[0])
-        return {
-            "AIRFLOW_CONN_BENCH_PG": json.dumps(
-                {"conn_type": "postgres", "host": "127.0.0.1", "port": port, "login": "postgres", "schema": "postgres"}
-            )
-        }
-
     def trigger(self, i: int) -> Any:
         from airflow_deferrable_kit.triggers.postgres import PostgresBatchMarkerTrigger
+        from benchmarks.triggerer_load import marker_key
 
         return PostgresBatchMarkerTrigger(
-            postgres_conn_id="bench_pg", table=f"markers_{i % self.groups}", match={"batch_id": f"batch-{i:06d}"},
+            postgres_conn_id="bench_pg", table=f"markers_{i % self.groups}", match={"batch_id": marker_key(i)},
             poll_interval=self.poll, deadline=self.deadline,
         )  # fmt: skip
 
@@ -260,7 +239,7 @@ class PostgresTables(Upstream):
         return {f"wait_{i}": committed for i in range(n)}
 
 
-KINDS: dict[str, type[Upstream]] = {"s3": S3Folders, "http": HttpUrls, "postgres": PostgresTables}
+KINDS: dict[str, type[Upstream]] = {kind.name: kind for kind in (S3Folders, HttpUrls, PostgresTables)}
 
 
 @contextlib.contextmanager
@@ -449,15 +428,13 @@ def cell(args: argparse.Namespace, triggerers: int, routing: str, pool_size: int
         }  # fmt: skip
         # Capacity for every wait on one triggerer: the claim balance is Airflow's, not a cap's.
         with deployment(pg_dsn, up.connections(), routed, capacity=n) as (airflow, dsn):
-            return measure(args, result, up, airflow, dsn, pool_size)
+            return measure(args, result, up, airflow, dsn)
 
 
-def measure(
-    args: argparse.Namespace, result: dict[str, Any], up: Upstream, airflow: Any, dsn: str, pool_size: int
-) -> dict[str, Any]:
-    """Claim, hold and flip one cell's fleet (the module docstring's figures) into ``result``."""
-    n, t, routing = result["n"], result["triggerers"], result["routing"]
-    routed = routing == "queue"
+def measure(args: argparse.Namespace, result: dict[str, Any], up: Upstream, airflow: Any, dsn: str) -> dict[str, Any]:
+    """Claim, hold and flip the fleet ``result`` describes (the module docstring's figures) into it."""
+    n, t, routing, pool_size = result["n"], result["triggerers"], result["routing"], result["pool_size"]
+    routed = pool_size is not None
     # The floor's triggers all fire at one moment, late enough for every one to be running; the
     # idle floor's a day away: each sleeps an hour at a time and logs nothing in the hold.
     after = {"floor": args.floor_after, "idle": 86_400.0}.get(routing)
