@@ -40,6 +40,18 @@ scheduler runs: a fired trigger leaves its task instance ``scheduled``, with the
   ``events`` / ``missing`` within ``--events-timeout`` of the last put (the floor: of its
   moment); ``all_events_s``: from the first put to the last event committed.
 
+With ``--flow S`` the flip is a steady flow instead: ``--flow-rate`` waits made true each second
+for ``S`` seconds (in wait order, so spread over the groups; an HTTP URL at a time, so with
+``--groups`` equal to N one wait each), while the others keep polling. The events, latencies and
+``cpu_pct_flow_total`` are those of the flow. Every cell also reports the oldest triggerer
+heartbeat seen from the hold on (``heartbeat_age_max_s``, sampled every 2 s; Airflow takes a
+triggerer's triggers away past 30 s by default) and the runner's blocked-loop warnings in the
+same span (``blocked_warnings``, ``blocked_max_s``).
+
+``--triggerer-cpus K`` limits the triggerers to the last K CPUs (``sched_setaffinity``, inherited
+by the runner each forks) and keeps the harness, the metadata DB and the upstream on the others:
+one core for a triggerer, as a managed offering's 1-vCPU triggerer has.
+
 The floors, side by side with the kit's cells in the same session: the same N task instances
 deferred on Airflow's own ``DateTimeTrigger`` (standard provider).
 
@@ -50,7 +62,10 @@ deferred on Airflow's own ``DateTimeTrigger`` (standard provider).
   written: how fast Airflow's triggerer turns N simultaneous events into scheduled task
   instances. Its CPU is *not* a floor: in the last two minutes before its moment each
   ``DateTimeTrigger`` wakes and logs every 10 s (every second in the last 20 s), so its hold
-  includes Airflow's trigger logging 1,000 lines a second at N=10,000.
+  includes Airflow's trigger logging 1,000 lines a second at N=10,000. With ``--flow``, a
+  steady flow instead: ``--flow-rate`` moments a second for ``--flow`` seconds from
+  ``--floor-after``, the other triggers a day away (how fast Airflow's triggerer stores a steady
+  flow of its own events, beside the kit's flow cells).
 
 Routing (each cell's ``TRIGGERERS:ROUTING[:POOL_SIZE]``): ``none`` (no queue, triggerers
 without ``--queues``), or ``queue``: the waits of group ``j`` carry the queue ``trg-u{j}``,
@@ -76,6 +91,7 @@ import concurrent.futures
 import contextlib
 import datetime as dt
 import json
+import os
 import re
 import shutil
 import statistics
@@ -84,7 +100,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +138,8 @@ class Upstream:
     name: str
     #: The sensor a worker would have deferred from (the task instances' ``operator``).
     operator: str
+    #: The upstream server's process (its CPU is reported: on a small machine it can be the limit).
+    pid: int | None = None
 
     def __init__(self, endpoint: str, groups: int, poll: float) -> None:
         self.endpoint, self.groups, self.poll = endpoint, groups, poll
@@ -143,6 +161,10 @@ class Upstream:
 
     def flip(self, n: int) -> dict[str, float]:
         """Make every wait's condition true; each task id -> the moment its condition came true."""
+        raise NotImplementedError
+
+    def flip_some(self, waits: list[int], n: int) -> dict[str, float]:
+        """Make the conditions of ``waits`` (of ``n``) true, for a steady flow of events; as :meth:`flip`."""
         raise NotImplementedError
 
 
@@ -172,6 +194,9 @@ class S3Folders(Upstream):
         )  # fmt: skip
 
     def flip(self, n: int) -> dict[str, float]:
+        return self.flip_some(list(range(n)), n)
+
+    def flip_some(self, waits: list[int], n: int) -> dict[str, float]:
         put_at: dict[str, float] = {}
 
         def put(i: int) -> None:
@@ -179,7 +204,7 @@ class S3Folders(Upstream):
             put_at[f"wait_{i}"] = time.time()
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(put, range(n)))
+            list(pool.map(put, waits))
         return put_at
 
 
@@ -199,6 +224,15 @@ class HttpUrls(Upstream):
         with urllib.request.urlopen(request, timeout=30) as response:
             ready_at = float(json.loads(response.read())["ready_at"])
         return {f"wait_{i}": ready_at for i in range(n)}
+
+    def flip_some(self, waits: list[int], n: int) -> dict[str, float]:
+        """Turn the URLs of ``waits`` ready one by one: every wait on a flipped URL fires."""
+        urls: dict[int, float] = {}
+        for j in sorted({i % self.groups for i in waits}):
+            request = urllib.request.Request(f"{self.endpoint}/flip/{j}", method="POST")
+            with urllib.request.urlopen(request, timeout=30) as response:
+                urls[j] = float(json.loads(response.read())["ready_at"])
+        return {f"wait_{i}": urls[i % self.groups] for i in range(n) if i % self.groups in urls}
 
 
 class PostgresTables(Upstream):
@@ -238,6 +272,15 @@ class PostgresTables(Upstream):
         committed = time.time()
         return {f"wait_{i}": committed for i in range(n)}
 
+    def flip_some(self, waits: list[int], n: int) -> dict[str, float]:
+        """The markers of ``waits``, in one transaction."""
+        from benchmarks.triggerer_load import marker_key
+
+        statements = [f"INSERT INTO markers_{i % self.groups} VALUES ('{marker_key(i)}', 'ready')" for i in waits]
+        query(self.endpoint, "; ".join(statements), fetch=False)
+        committed = time.time()
+        return {f"wait_{i}": committed for i in waits}
+
 
 KINDS: dict[str, type[Upstream]] = {kind.name: kind for kind in (S3Folders, HttpUrls, PostgresTables)}
 
@@ -248,21 +291,25 @@ def upstream(kind: str, groups: int, poll: float) -> Iterator[Upstream]:
     from benchmarks.triggerer_load import bench_server, servers
 
     if kind == "postgres":
-        with servers("postgres") as (dsn, _):
-            yield PostgresTables(dsn, groups, poll)
+        with servers("postgres") as (dsn, pid):
+            up: Upstream = PostgresTables(dsn, groups, poll)
+            up.pid = pid
+            yield up
     else:
-        with bench_server(kind) as (endpoint, _, _):
-            yield KINDS[kind](endpoint, groups, poll)
+        with bench_server(kind) as (endpoint, _, pid):
+            up = KINDS[kind](endpoint, groups, poll)
+            up.pid = pid
+            yield up
 
 
-def write_waits(dsn: str, up: Upstream, n: int, routed: bool, moment: dt.datetime | None = None) -> None:
+def write_waits(dsn: str, up: Upstream, n: int, routed: bool, moments: list[dt.datetime] | None = None) -> None:
     """N deferred task instances of one run and their triggers on ``up``, in one transaction.
 
     Written with Airflow's own table objects, so their Python-side defaults apply as when
     Airflow writes them; the columns given are those the triggerer reads (a task instance
     without ``dag_version_id`` is skipped, one without ``queue`` or ``priority_weight`` stops
     the triggerer) and the kwargs are stored as the Execution API stores a worker's deferral.
-    With ``moment``, every trigger is Airflow's own ``DateTimeTrigger`` instead (the floor).
+    With ``moments`` (one per wait), every trigger is Airflow's own ``DateTimeTrigger`` instead (the floor).
     """
     import sqlalchemy as sa
     from airflow.models import import_all_models
@@ -273,20 +320,23 @@ def write_waits(dsn: str, up: Upstream, n: int, routed: bool, moment: dt.datetim
     tables = Base.metadata.tables
     now = dt.datetime.now(UTC)
     version = uuid.uuid4()
-    floor = None
-    if moment is not None:  # Airflow's own trigger: what the triggerer costs with nothing of ours
-        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
-
-        classpath, kwargs = DateTimeTrigger(moment=moment).serialize()
-        floor = json.dumps(serialize(kwargs))
+    floors: dict[dt.datetime, str] = {}  # Airflow's own trigger: what the triggerer costs with nothing of ours
     triggers = []
     for i in range(n):
-        if floor is None:
+        if moments is None:
             classpath, kwargs = up.trigger(i).serialize()
+            stored = json.dumps(serialize(kwargs))
+        else:
+            from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+            if moments[i] not in floors:
+                classpath, kwargs = DateTimeTrigger(moment=moments[i]).serialize()
+                floors[moments[i]] = json.dumps(serialize(kwargs))
+            stored = floors[moments[i]]
         triggers.append(
             {
                 "classpath": classpath,
-                "kwargs": floor or json.dumps(serialize(kwargs)),
+                "kwargs": stored,
                 "created_date": now,
                 "queue": queue_of(i, up.groups) if routed else None,
             }
@@ -379,6 +429,141 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 @contextlib.contextmanager
+def on_cpus(count: int) -> Iterator[None]:
+    """Processes started inside run on the last ``count`` CPUs (none: no limit); the harness on the rest.
+
+    ``main`` puts the harness (and so the metadata DB and the upstream it starts) on the other
+    CPUs, so a triggerer limited to one core shares it with nothing but its own two processes.
+    """
+    if not count:
+        yield
+        return
+    rest = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, triggerer_cpus(count))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, rest)
+
+
+#: The CPUs this harness may use, read before ``main`` narrows its own.
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+def triggerer_cpus(count: int) -> set[int]:
+    return set(CPUS[-count:])
+
+
+def tree_affinity(pids: Any) -> set[int]:
+    """Every CPU any process of the given trees may run on (the proof of a limit)."""
+    cpus: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    cpus |= set(proc.cpu_affinity())
+    return cpus
+
+
+class Machine:
+    """How busy each CPU and the upstream server were over a span (from construction to :meth:`report`).
+
+    With the triggerers on their own core, the other cores carry the harness, the metadata DB and
+    the upstream: a cell whose other cores are saturated measured the machine, not the triggerer.
+    """
+
+    def __init__(self, up: Upstream) -> None:
+        self.up, self.start = up, time.monotonic()
+        self.cores = psutil.cpu_times(percpu=True)
+        self.upstream = tree_cpu(up.pid) if up.pid else None
+
+    def report(self) -> dict[str, Any]:
+        elapsed = time.monotonic() - self.start
+        busy = []
+        for before, after in zip(self.cores, psutil.cpu_times(percpu=True), strict=True):
+            total = sum(after) - sum(before)
+            idle = (after.idle + after.iowait) - (before.idle + before.iowait)
+            busy.append(round(100 * (1 - idle / total), 1) if total > 0 else 0.0)
+        out: dict[str, Any] = {"core_busy_pct": busy}
+        if self.upstream is not None and self.up.pid:
+            out["upstream_cpu_pct"] = round((tree_cpu(self.up.pid) - self.upstream) / elapsed * 100, 1)
+        return out
+
+
+class Heartbeats:
+    """The oldest triggerer heartbeat, sampled every 2 s while the harness waits.
+
+    Airflow's scheduler takes a triggerer's triggers away when its heartbeat is older than
+    ``[triggerer] triggerer_health_check_threshold`` (30 s by default; the fleet's deployment
+    raises it so a slow start-up is no failover): the figure says whether that default held.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn, self.ages = dsn, [0.0]
+
+    def watch(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            ((age,),) = query(
+                self.dsn,
+                "SELECT coalesce(max(extract(epoch FROM now() - latest_heartbeat)), 0) FROM job "
+                "WHERE job_type = 'TriggererJob' AND state = 'running'",
+            )
+            self.ages.append(float(age))
+            time.sleep(min(2.0, max(left, 0.0)))
+
+    def report(self) -> dict[str, Any]:
+        return {"heartbeat_age_max_s": round(max(self.ages), 1), "heartbeat_samples": len(self.ages) - 1}
+
+
+#: Airflow's runner watchdog: its loop missed a 0.1 s sleep by more than the warning threshold.
+BLOCKED = re.compile(rb"async thread was blocked for ([\d.]+) seconds")
+
+
+def blocked_loops(logs: dict[str, Path], start: dict[str, int]) -> dict[str, Any]:
+    """How often, and how long at most, each runner's loop was blocked since ``start`` (log offsets)."""
+    found: list[float] = []
+    for name, path in logs.items():
+        with path.open("rb") as handle:
+            handle.seek(start[name])
+            found += [float(value) for value in BLOCKED.findall(handle.read())]
+    return {"blocked_warnings": len(found), "blocked_max_s": round(max(found), 2) if found else 0.0}
+
+
+def flow(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    up: Upstream,
+    flip: Callable[[list[int]], dict[str, float]],
+    health: Heartbeats,
+    pids: dict[str, int],
+) -> dict[str, float]:
+    """A steady flow of events: ``--flow-rate`` waits made true each second for ``--flow`` seconds.
+
+    The other waits keep polling, so this is what a triggerer holding N waits does while a
+    steady share of them fires; the CPU of the flow window is reported beside the hold's.
+    """
+    put_at: dict[str, float] = {}
+    cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
+    machine = Machine(up)
+    start, nxt = time.monotonic(), 0
+    for second in range(int(args.flow)):
+        health.watch(start + second - time.monotonic())
+        waits = list(range(nxt, min(nxt + args.flow_rate, result["n"])))
+        nxt += len(waits)
+        if waits:
+            put_at.update(flip(waits))
+    health.watch(start + args.flow - time.monotonic())
+    elapsed = time.monotonic() - start
+    result["flow"] = {"rate_per_s": args.flow_rate, "seconds": args.flow, "waits": len(put_at)}
+    spent = sum(tree_cpu(pid) - cpu0[name] for name, pid in pids.items())
+    result["cpu_pct_flow_total"] = round(spent / elapsed * 100, 1)
+    result["flow_machine"] = machine.report()
+    return put_at
+
+
+@contextlib.contextmanager
 def deployment(pg_dsn: str, connections: dict[str, str], routed: bool, capacity: int) -> Iterator[Any]:
     """A migrated metadata DB of its own and an Airflow home whose triggerers are started by the caller."""
     from scripts.airflow_local import LocalAirflow, clone_migrated
@@ -435,18 +620,26 @@ def measure(args: argparse.Namespace, result: dict[str, Any], up: Upstream, airf
     """Claim, hold and flip the fleet ``result`` describes (the module docstring's figures) into it."""
     n, t, routing, pool_size = result["n"], result["triggerers"], result["routing"], result["pool_size"]
     routed = pool_size is not None
-    # The floor's triggers all fire at one moment, late enough for every one to be running; the
-    # idle floor's a day away: each sleeps an hour at a time and logs nothing in the hold.
+    # The floor's triggers all fire at one moment, late enough for every one to be running (with
+    # --flow, --flow-rate of them a second from that moment, the rest a day away); the idle
+    # floor's a day away: each sleeps an hour at a time and logs nothing in the hold.
     after = {"floor": args.floor_after, "idle": 86_400.0}.get(routing)
-    moment = None if after is None else dt.datetime.now(UTC) + dt.timedelta(seconds=after)
-    write_waits(dsn, up, n, routed, moment)
+    moments = None
+    if after is not None:
+        at = dt.datetime.now(UTC) + dt.timedelta(seconds=after)
+        flowing = int(args.flow * args.flow_rate) if args.flow and routing == "floor" else n
+        later = at + dt.timedelta(days=1)
+        moments = [at + dt.timedelta(seconds=i // args.flow_rate) if args.flow else at for i in range(flowing)]
+        moments += [later] * (n - len(moments))
+    write_waits(dsn, up, n, routed, moments)
     queues = pools(t, up.groups, pool_size) if routed else [[] for _ in range(t)]
     result["queues"] = queues
     started = time.monotonic()
     names = []
     for number, listed in enumerate(queues, start=1):
         name = "triggerer" if number == 1 else f"triggerer-{number}"
-        airflow.start_component("triggerer", name=name, options=["--queues", ",".join(listed)] if listed else [])
+        with on_cpus(args.triggerer_cpus):  # the process and the runner it forks inherit the harness's mask
+            airflow.start_component("triggerer", name=name, options=["--queues", ",".join(listed)] if listed else [])
         names.append(name)
     while True:
         (unheld,) = query(dsn, "SELECT count(*) FROM trigger WHERE triggerer_id IS NULL")[0]
@@ -469,30 +662,49 @@ def measure(args: argparse.Namespace, result: dict[str, Any], up: Upstream, airf
         if time.monotonic() - started > args.claim_timeout:
             result["error"] = f"only {[running(airflow, name) for name in names]} running"
             return result
+        if exited := [name for name in names if airflow.processes[name].poll() is not None]:
+            result["error"] = f"{exited[0]} exited: {airflow.log_tail(exited[0])}"
+            return result
         time.sleep(2)
     result["running_s"] = round(time.monotonic() - started, 1)
     time.sleep(args.warmup)  # every wait has made its first poll and its group's sharing formed
     pids = {name: airflow.processes[name].pid for name in names}
+    if args.triggerer_cpus:
+        result["triggerer_affinity"] = sorted(tree_affinity(pids.values()))
+    logs = {name: airflow.home / f"{name}.log" for name in names}
+    log_from = {name: path.stat().st_size for name, path in logs.items()}
+    health = Heartbeats(dsn)
     cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
+    machine = Machine(up)
     served0, hold0 = up.served(), time.monotonic()
-    time.sleep(args.hold)
+    health.watch(args.hold)
     elapsed = time.monotonic() - hold0
     served = up.served() - served0
     cpu = {name: (tree_cpu(pid) - cpu0[name]) / elapsed * 100 for name, pid in pids.items()}
+    result["hold_machine"] = machine.report()
     result["requests_per_round"] = round(served / (elapsed / args.poll_interval), 2)
     result["cpu_pct_per_triggerer"] = [round(cpu[name], 1) for name in names]
     result["cpu_pct_total"] = round(sum(cpu.values()), 1)
     if routing == "idle":
+        result.update(health.report(), **blocked_loops(logs, log_from))
         return result  # nothing fires: holding N triggers is the figure
 
-    flip0 = time.time()
-    if moment is not None:
-        if time.time() > moment.timestamp():
+    if moments is not None:
+        if time.time() > moments[0].timestamp():
             result["error"] = "the moment passed before every trigger ran: raise --floor-after"
             return result
-        put_at = {f"wait_{i}": moment.timestamp() for i in range(n)}
+        health.watch(moments[0].timestamp() - time.time())  # the floor's flip is its first moment
+
+    def flip(waits: list[int]) -> dict[str, float]:
+        if moments is None:
+            return up.flip_some(waits, n)
+        return {f"wait_{i}": moments[i].timestamp() for i in waits}  # they fire by themselves
+
+    flip0 = time.time()
+    if args.flow:
+        put_at = flow(args, result, up, flip, health, pids)
     else:
-        put_at = up.flip(n)
+        put_at = flip(list(range(n))) if moments is not None else up.flip(n)
     result["flip_s"] = round(time.time() - flip0, 1)
     # From the last put, or from the floor's moment: until it comes there is nothing to wait for.
     deadline = time.monotonic() + max(min(put_at.values()) - time.time(), 0.0) + args.events_timeout
@@ -505,11 +717,12 @@ def measure(args: argparse.Namespace, result: dict[str, Any], up: Upstream, airf
             DAG_ID,
         )
         fired = {task: float(at) for task, at in rows}
-        if len(fired) >= n:
+        if len(fired) >= len(put_at):
             break
-        time.sleep(2)
+        health.watch(2)
     latencies = [fired[task] - put_at[task] for task in fired if task in put_at]
-    result["events"], result["missing"] = len(fired), n - len(fired)
+    result["events"], result["missing"] = len(fired), len(put_at) - len(fired)
+    result.update(health.report(), **blocked_loops(logs, log_from))
     if fired:  # from the first put (the floor: the moment) to the last event committed
         result["all_events_s"] = round(max(fired.values()) - min(put_at.values()), 1)
     result["event_p50_s"] = round(statistics.median(latencies), 2) if latencies else None
@@ -542,11 +755,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor-after", type=float, default=420.0, help="seconds to the floor cell's moment")
     parser.add_argument("--claim-timeout", type=float, default=900.0)
     parser.add_argument("--events-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--flow", type=float, default=0.0,
+        help="seconds of a steady flow of events after the hold, instead of one flip of every wait",
+    )  # fmt: skip
+    parser.add_argument("--flow-rate", type=int, default=10, help="waits made true each second of --flow")
+    parser.add_argument(
+        "--triggerer-cpus", type=int, default=0,
+        help="limit the triggerers to the last K CPUs (the harness, metadata DB and upstream on the rest)",
+    )  # fmt: skip
     parser.add_argument("--allow-busy", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
     failed = False
+    if args.triggerer_cpus:  # set before any service starts: each inherits the harness's CPUs
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - triggerer_cpus(args.triggerer_cpus))
     with services.postgres(max_connections=400) as pg:
         for spec in args.cells:
             parts = spec.split(":")

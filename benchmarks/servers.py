@@ -5,7 +5,8 @@
   hide connection reuse).
 * ``http``: a tiny aiohttp app with one URL per wait: ``GET /ready/{i}`` answers 404 until
   ``POST /flip`` is called, then 200 ``{"state": "ready", "id": i}``. ``POST /flip`` returns the
-  server time at which the condition turned true for every URL. For event watchers, which poll
+  server time at which the condition turned true for every URL; ``POST /flip/{i}`` turns
+  ``/ready/{i}`` alone ready (a steady flow of events) and returns its time. For event watchers, which poll
   an answer that is always 200: ``GET /state/{i}`` answers ``{"state": "pending"}`` until the
   flip, then ``{"state": "ready", "id": i}``; ``GET /items/{n}`` answers one document for ``n``
   items, ``{"items": {"i00000": "pending", ...}}``, each ``"ready"`` after the flip.
@@ -71,10 +72,11 @@ def serve_http(port: int) -> None:
     from aiohttp import web
 
     state: dict[str, Any] = {"ready_at": None, "requests": 0}
+    ready_ids: dict[str, float] = {}  # URLs flipped one at a time (``POST /flip/{i}``)
 
     async def ready(request: web.Request) -> web.Response:
         state["requests"] += 1
-        if state["ready_at"] is None:
+        if state["ready_at"] is None and request.match_info["i"] not in ready_ids:
             return web.json_response({"state": "pending"}, status=404)
         return web.json_response({"state": "ready", "id": request.match_info["i"]})
 
@@ -99,6 +101,10 @@ def serve_http(port: int) -> None:
             state["ready_at"] = time.time()
         return web.json_response({"ready_at": state["ready_at"]})
 
+    async def flip_one(request: web.Request) -> web.Response:
+        at = ready_ids.setdefault(request.match_info["i"], time.time())
+        return web.json_response({"ready_at": at})
+
     async def count(request: web.Request) -> web.Response:
         return web.json_response({"requests": state["requests"]})
 
@@ -115,6 +121,7 @@ def serve_http(port: int) -> None:
     app.router.add_get("/state/{i}", item_state)
     app.router.add_get("/items/{n}", items)
     app.router.add_post("/flip", flip)
+    app.router.add_post("/flip/{i}", flip_one)
     app.router.add_get("/poison/500", poison_500)
     app.router.add_get("/poison/slow", poison_slow)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, keepalive_timeout=75)
