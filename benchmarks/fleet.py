@@ -232,7 +232,7 @@ class HttpUrls(Upstream):
             request = urllib.request.Request(f"{self.endpoint}/flip/{j}", method="POST")
             with urllib.request.urlopen(request, timeout=30) as response:
                 urls[j] = float(json.loads(response.read())["ready_at"])
-        return {f"wait_{i}": urls[i % self.groups] for i in range(n) if i % self.groups in urls}
+        return {f"wait_{i}": at for j, at in urls.items() for i in range(j, n, self.groups)}
 
 
 class PostgresTables(Upstream):
@@ -409,15 +409,20 @@ def running(airflow: Any, name: str) -> int:
     return int(found[-1]) if found else 0
 
 
+def tree(pid: int) -> Iterator[psutil.Process]:
+    """A process and every process under it, as they are now (none if it is gone)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        yield from [root, *root.children(recursive=True)]
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds (user + sys) of a process and every process under it."""
     total = 0.0
-    with contextlib.suppress(psutil.NoSuchProcess):
-        root = psutil.Process(pid)
-        for proc in [root, *root.children(recursive=True)]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                times = proc.cpu_times()
-                total += times.user + times.system
+    for proc in tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = proc.cpu_times()
+            total += times.user + times.system
     return total
 
 
@@ -458,11 +463,9 @@ def tree_affinity(pids: Any) -> set[int]:
     """Every CPU any process of the given trees may run on (the proof of a limit)."""
     cpus: set[int] = set()
     for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            root = psutil.Process(pid)
-            for proc in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    cpus |= set(proc.cpu_affinity())
+        for proc in tree(pid):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                cpus |= set(proc.cpu_affinity())
     return cpus
 
 

@@ -379,21 +379,18 @@ def tables(results: list[dict[str, Any]]) -> str:
             continue
         kit_cpu, off_cpu = net_per_poll_ms(r, ticker(r)), net_per_poll_ms(o, ticker(o))
         if net_pct(r, ticker(r)) >= MIN_CPU_PCT and net_pct(o, ticker(o)) >= MIN_CPU_PCT and kit_cpu and off_cpu:
-            cpu_ratio: float | None = off_cpu / kit_cpu
-            cpu_text = f"{fmt(cpu_ratio)}x {ok(off_cpu / kit_cpu >= 3)}"
+            cpu_text = f"{fmt(off_cpu / kit_cpu)}x {ok(off_cpu / kit_cpu >= 3)}"
         elif r["kind"].startswith(("kafka", "postgres")) and net_pct(o, ticker(o)) >= MIN_CPU_PCT and off_cpu:
             # The kit is below the resolution (its CPU is at most MIN_CPU_PCT): the measured ratio is
             # shown, and judged only by the least it can be (official ÷ MIN_CPU_PCT).
             least = net_pct(o, ticker(o)) / MIN_CPU_PCT
             measured = off_cpu / kit_cpu if kit_cpu else None
-            cpu_ratio = least
             verdict = ok(True) if least >= 3 else "not judged"
             cpu_text = (
                 f"{fmt(measured)}x measured, ≥ {fmt(least)}x for sure: {verdict} (kit {net_pct(r, ticker(r)):.2f} "
                 f"% of a core, below the {MIN_CPU_PCT:g} % resolution)"
             )
         else:
-            cpu_ratio = None
             cpu_text = f"below resolution ({net_pct(r, ticker(r)):.1f} / {net_pct(o, ticker(o)):.1f} % core)"
         above_text = above_floor(r, o, floors.get(r["n"]), ticker)
         kit_kb = marginal_kb(done, r["kind"], "kit")
