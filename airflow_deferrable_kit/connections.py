@@ -28,20 +28,23 @@ supervisor, as Airflow's own sensors do, and they fail at the first poke on an u
 there is believed at once. (The window could not help there anyway: every reschedule-mode poke is
 a fresh process that would start it again, so a typo would wait until the sensor's timeout.)
 
-Two things keep the lookup off the loop's critical path: Airflow's lookup machinery is imported
-once in a worker thread (its first import would otherwise stall the loop), and concurrent
-lookups of one ``conn_id`` are merged, so a thousand triggers starting together make one lookup
-(some secrets backends run on Airflow's single shared sync thread).
+Three things keep the lookup off the loop's critical path: Airflow's lookup machinery is imported
+once in a worker thread (its first import would otherwise stall the loop); concurrent lookups of
+one ``conn_id`` are merged, so a thousand triggers starting together make one lookup (some
+secrets backends run on Airflow's single shared sync thread); and an extra is masked through the
+triggerer's supervisor once per loop, not once per wait (:func:`get_extra`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
+import copy
 import inspect
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow_deferrable_kit._per_loop import PerLoop
@@ -275,8 +278,48 @@ async def _api_says_missing(conn_id: str) -> bool:
 
 
 async def get_extra(conn: Connection) -> dict[str, Any]:
-    """The connection's extra as a dict, read without the blocking secret-masking path."""
+    """The connection's extra as a dict, read without the blocking secret-masking path.
+
+    Airflow's ``aextra_dejson`` asks the triggerer's supervisor to mask the extra on every call:
+    one round trip over the channel every trigger of the process shares, one at a time, each
+    costing a turn of the supervisor's loop (which also reloads the id of every trigger it holds).
+    Every wait reads its connection when it starts, so thousands of waits of one connection
+    starting together (a triggerer restart, a mass deferral) queued as many round trips behind
+    each other: the last wait made its first poll minutes late, and the events of the others
+    waited in the same queue. A mask, once sent, holds for the life of the process, so an extra
+    already read on this loop is parsed again from its text without asking
+    (:data:`EXTRAS_KEPT` of them); concurrent first reads share one. A changed extra (a rotated
+    key) is new text: read and masked anew by the next wait that sees it.
+    """
+    text = getattr(conn, "extra", None)
     aextra = getattr(conn, "aextra_dejson", None)
-    extra = dict(await aextra()) if aextra is not None else dict(conn.extra_dejson)
+    if aextra is None or not isinstance(text, str) or not text:
+        extra = dict(await aextra()) if aextra is not None else dict(conn.extra_dejson)
+    else:
+        extra = copy.deepcopy(await asyncio.shield(_masked_read(text, aextra)))
     register_connection(conn, extra)
     return extra
+
+
+#: Distinct extras (by text) whose masked read :func:`get_extra` keeps per loop.
+EXTRAS_KEPT = 256
+_extras: PerLoop[collections.OrderedDict[str, asyncio.Future[Any]]] = PerLoop(collections.OrderedDict)
+
+
+def _masked_read(text: str, aextra: Callable[[], Awaitable[Any]]) -> asyncio.Future[Any]:
+    """The read of the extra ``text`` on this loop, started now if none is kept (a failed one is not)."""
+    kept = _extras.get()
+    read = kept.get(text)
+    if read is not None:
+        kept.move_to_end(text)
+        return read
+    read = kept[text] = asyncio.ensure_future(aextra())
+
+    def forget_failure(done: asyncio.Future[Any]) -> None:
+        if (done.cancelled() or done.exception() is not None) and kept.get(text) is done:
+            del kept[text]
+
+    read.add_done_callback(forget_failure)
+    while len(kept) > EXTRAS_KEPT:
+        kept.popitem(last=False)
+    return read

@@ -20,16 +20,24 @@ ConnectionAnswer = Literal["unreachable", "not_found"]
 
 
 class SupervisorStandIn:
-    """Answers ``GetConnection`` as told; records the connection ids asked for."""
+    """Answers ``GetConnection`` as told; records the connection ids asked for, and every message sent."""
 
     def __init__(self, connection_answer: ConnectionAnswer) -> None:
         self.connection_answer = connection_answer
         self.asked: list[str] = []
+        self.sent: list[Any] = []
+
+    def masked(self) -> list[Any]:
+        """The values sent to be masked (``MaskSecret``), in order."""
+        from airflow.sdk.execution_time.comms import MaskSecret
+
+        return [msg.value for msg in self.sent if isinstance(msg, MaskSecret)]
 
     def _answer(self, msg: Any) -> Any:
         from airflow.sdk.exceptions import AirflowRuntimeError, ErrorType
         from airflow.sdk.execution_time.comms import ErrorResponse, GetConnection
 
+        self.sent.append(msg)
         if not isinstance(msg, GetConnection):
             return None
         self.asked.append(msg.conn_id)

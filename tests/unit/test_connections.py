@@ -114,6 +114,64 @@ async def test_a_thousand_concurrent_lookups_resolve_once_without_blocking(monke
     assert blocked == []
 
 
+async def test_waits_of_one_connection_mask_its_extra_once_and_a_rotated_extra_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each mask is a round trip through the triggerer's supervisor, one at a time for the whole
+    # process: waits starting one after another (no lookup to merge) must not each send one.
+    channel = install_supervisor(monkeypatch, "not_found")
+    extra = {"endpoint_url": "http://s3.invalid", "aws_session_token": "tok-1", "config": {"retries": 3}}
+    monkeypatch.setenv("AIRFLOW_CONN_MASKED_ONCE", json.dumps({"conn_type": "aws", "extra": extra}))
+    # Airflow's lookup masks what it found itself; what is counted here is what reading the extra adds.
+    looked_up = [await connections.get_connection("masked_once") for _ in range(50)]
+    channel.sent.clear()
+    read = [await connections.get_extra(conn) for conn in looked_up]
+    assert read == [extra] * 50
+    assert channel.masked() == [extra]
+    read[0]["config"]["retries"] = 0  # one wait's copy is its own
+    assert read[1]["config"] == {"retries": 3}
+
+    rotated = {**extra, "aws_session_token": "tok-2"}
+    monkeypatch.setenv("AIRFLOW_CONN_MASKED_ONCE", json.dumps({"conn_type": "aws", "extra": rotated}))
+    conn = await connections.get_connection("masked_once")
+    channel.sent.clear()
+    assert await connections.get_extra(conn) == rotated
+    assert channel.masked() == [rotated]
+
+
+async def test_concurrent_first_reads_of_an_extra_share_one_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    channel = install_supervisor(monkeypatch, "not_found")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MASKED_TOGETHER", json.dumps({"conn_type": "http", "extra": {"X-Api-Key": "k-123"}})
+    )
+    conn = await connections.get_connection("masked_together")
+    channel.sent.clear()
+    extras = await asyncio.gather(*(connections.get_extra(conn) for _ in range(1000)))
+    assert extras == [{"X-Api-Key": "k-123"}] * 1000
+    assert channel.masked() == [{"X-Api-Key": "k-123"}]
+
+
+async def test_a_failed_extra_read_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_FLAKY_EXTRA", json.dumps({"conn_type": "http", "extra": {"region": "r1"}}))
+    conn = await connections.get_connection("flaky_extra")
+    real = type(conn).aextra_dejson
+    calls = 0
+
+    async def fails_once(self: object) -> dict[str, object]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("channel closed")
+        return await real(self)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(conn), "aextra_dejson", fails_once)
+    with pytest.raises(RuntimeError, match="channel closed"):
+        await connections.get_extra(conn)
+    assert await connections.get_extra(conn) == {"region": "r1"}
+    assert await connections.get_extra(conn) == {"region": "r1"}
+    assert calls == 2
+
+
 async def test_a_connection_of_another_type_is_fatal_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE", json.dumps({"conn_type": "postgres", "host": "db.invalid"}))
     with pytest.raises(
