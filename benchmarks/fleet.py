@@ -159,6 +159,10 @@ class Upstream:
         """Requests (statements) the upstream has answered so far for the waits."""
         return requests_served(self.endpoint)
 
+    def served_by_method(self) -> dict[str, int]:
+        """The requests of :meth:`served` by HTTP method (S3: ``HEAD`` and listing ``GET``s); ``{}`` if not HTTP."""
+        return requests_by_method(self.endpoint)
+
     def flip(self, n: int) -> dict[str, float]:
         """Make every wait's condition true; each task id -> the moment its condition came true."""
         raise NotImplementedError
@@ -261,6 +265,9 @@ class PostgresTables(Upstream):
             "WHERE query ILIKE 'select%' AND query LIKE '%markers\\_%'",
         )
         return int(rows[0][0])
+
+    def served_by_method(self) -> dict[str, int]:
+        return {}  # statements, not HTTP requests
 
     def flip(self, n: int) -> dict[str, float]:
         statements = [
@@ -401,6 +408,11 @@ def query(dsn: str, sql: str, *args: Any, fetch: bool = True) -> list[tuple[Any,
 def requests_served(endpoint: str) -> int:
     with urllib.request.urlopen(f"{endpoint}/__requests__", timeout=10) as response:
         return int(json.loads(response.read())["requests"])
+
+
+def requests_by_method(endpoint: str) -> dict[str, int]:
+    with urllib.request.urlopen(f"{endpoint}/__requests__", timeout=10) as response:
+        return {method: int(count) for method, count in json.loads(response.read()).get("methods", {}).items()}
 
 
 def running(airflow: Any, name: str) -> int:
@@ -679,10 +691,15 @@ def measure(args: argparse.Namespace, result: dict[str, Any], up: Upstream, airf
     health = Heartbeats(dsn)
     cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
     machine = Machine(up)
-    served0, hold0 = up.served(), time.monotonic()
+    served0, methods0, hold0 = up.served(), up.served_by_method(), time.monotonic()
     health.watch(args.hold)
     elapsed = time.monotonic() - hold0
     served = up.served() - served0
+    if methods := up.served_by_method():
+        rounds = elapsed / args.poll_interval
+        result["requests_per_round_by_method"] = {
+            method: round((count - methods0.get(method, 0)) / rounds, 2) for method, count in sorted(methods.items())
+        }
     cpu = {name: (tree_cpu(pid) - cpu0[name]) / elapsed * 100 for name, pid in pids.items()}
     result["hold_machine"] = machine.report()
     result["requests_per_round"] = round(served / (elapsed / args.poll_interval), 2)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import time
 from typing import Any
@@ -39,21 +40,27 @@ COUNT_PATH = "/__requests__"
 
 
 class CountRequests:
-    """ASGI middleware: count requests; answer ``COUNT_PATH`` with the count."""
+    """ASGI middleware: count requests, and each HTTP method's; answer ``COUNT_PATH`` with the counts.
+
+    By method, because one S3 count mixes what a wait costs differently: ``HEAD`` (an object or a
+    bucket), ``GET`` (a listing page, or an object), ``PUT`` (the benchmark's own objects).
+    """
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.requests = 0
+        self.methods: collections.Counter[str] = collections.Counter()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == COUNT_PATH:
-            body = json.dumps({"requests": self.requests}).encode()
+            body = json.dumps({"requests": self.requests, "methods": self.methods}).encode()
             headers = [(b"content-type", b"application/json")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
         if scope["type"] == "http":
             self.requests += 1
+            self.methods[scope["method"]] += 1
         await self.app(scope, receive, send)
 
 
