@@ -17,6 +17,13 @@ Kinds (``--kind``), each N waits over ``--groups`` groups (wait ``i`` on group `
 * ``postgres``: ``PostgresBatchMarkerTrigger`` on table ``markers_{j}`` for its own batch id;
   upstream requests: statements on the marker tables (``pg_stat_statements`` on the upstream's
   own cluster); the flip inserts every marker in one transaction.
+* ``kafka``: ``KafkaMessageTrigger`` on topic ``fleet-{j}`` (4 partitions) for the message
+  ``{"id": i}``; the broker counts no requests, so its figure is ``upstream_sockets``; the flip
+  produces every wait's message, each its own moment (the broker's acknowledgement).
+
+Every cell reports ``upstream_sockets_per_triggerer``: each triggerer's open connections to the
+upstream at the end of the hold (its clients' pools: the kit keeps one client per connection
+per triggerer, however many waits it holds).
 
 Each cell: a fresh PostgreSQL metadata DB (a clone of one migrated by ``airflow db migrate``), N
 deferred task instances and their trigger rows written directly (in one transaction, as the
@@ -159,6 +166,11 @@ class Upstream:
         """Requests (statements) the upstream has answered so far for the waits."""
         return requests_served(self.endpoint)
 
+    def port(self) -> int:
+        """The upstream's TCP port (the last ``:port`` of its endpoint, URL, DSN or bootstrap address)."""
+        found = re.findall(r":(\d+)(?=/|$)", self.endpoint)
+        return int(found[-1])
+
     def served_by_method(self) -> dict[str, int]:
         """The requests of :meth:`served` by HTTP method (S3: ``HEAD`` and listing ``GET``s); ``{}`` if not HTTP."""
         return requests_by_method(self.endpoint)
@@ -289,7 +301,99 @@ class PostgresTables(Upstream):
         return {f"wait_{i}": committed for i in waits}
 
 
-KINDS: dict[str, type[Upstream]] = {kind.name: kind for kind in (S3Folders, HttpUrls, PostgresTables)}
+class KafkaTopics(Upstream):
+    """Waits on ``--groups`` topics (4 partitions each), wait ``i`` for the message ``{"id": i}``.
+
+    The broker has no request counter: what is reported per round is 0, and the figure that
+    shows the sharing is each triggerer's open sockets to the broker (``upstream_sockets``):
+    the kit reads a connection's topics through one reader per triggerer, not one per wait.
+    """
+
+    kind, name, operator = "kafka-topics", "kafka", "KafkaMessageSensor"
+    partitions = 4
+
+    def __init__(self, endpoint: str, groups: int, poll: float) -> None:
+        import asyncio
+        import threading
+
+        super().__init__(endpoint, groups, poll)
+        self.start_ms = int((time.time() - 60) * 1000)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="fleet-kafka-producer", daemon=True).start()
+        self.producer = self._run(self._start())
+
+    def _run(self, coroutine: Any) -> Any:
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=120)
+
+    def topic(self, i: int) -> str:
+        return f"fleet-{i % self.groups}"
+
+    async def _start(self) -> Any:
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.endpoint, request_timeout_ms=120_000)
+        await admin.start()
+        try:
+            topics = [NewTopic(f"fleet-{j}", self.partitions, replication_factor=1) for j in range(self.groups)]
+            await admin.create_topics(topics)
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=self.endpoint, linger_ms=5)
+        await producer.start()
+        for j in range(self.groups):  # something for every reader to skip
+            await producer.send_and_wait(f"fleet-{j}", json.dumps({"id": -1 - j}).encode())
+        return producer
+
+    def trigger(self, i: int) -> Any:
+        from airflow_deferrable_kit.triggers.kafka import KafkaMessageTrigger
+
+        return KafkaMessageTrigger(
+            topics=[self.topic(i)], kafka_conn_id="bench_kafka", start_after_ms=self.start_ms,
+            acceptors=[
+                {"state": "success", "matcher": "path", "argument": "id", "comparator": "equals", "expected": i}
+            ],
+            poll_interval=self.poll, deadline=self.deadline,
+        )  # fmt: skip
+
+    def served(self) -> int:
+        return 0
+
+    def served_by_method(self) -> dict[str, int]:
+        return {}
+
+    def flip(self, n: int) -> dict[str, float]:
+        return self.flip_some(list(range(n)), n)
+
+    def flip_some(self, waits: list[int], n: int) -> dict[str, float]:
+        """Produce each wait's message; its moment is when the broker acknowledged it."""
+
+        async def send() -> dict[str, float]:
+            import asyncio
+
+            acked: dict[str, float] = {}
+
+            def stamp(i: int) -> Callable[[Any], None]:
+                return lambda _: acked.__setitem__(f"wait_{i}", time.time())
+
+            futures = []
+            for i in waits:
+                future = await self.producer.send(self.topic(i), json.dumps({"id": i}).encode())
+                future.add_done_callback(stamp(i))
+                futures.append(future)
+            await asyncio.gather(*futures)
+            return acked
+
+        return dict(self._run(send()))
+
+    def close(self) -> None:
+        self._run(self.producer.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+KINDS: dict[str, type[Upstream]] = {kind.name: kind for kind in (S3Folders, HttpUrls, PostgresTables, KafkaTopics)}
 
 
 @contextlib.contextmanager
@@ -302,6 +406,14 @@ def upstream(kind: str, groups: int, poll: float) -> Iterator[Upstream]:
             up: Upstream = PostgresTables(dsn, groups, poll)
             up.pid = pid
             yield up
+    elif kind == "kafka":
+        with servers("kafka") as (bootstrap, pid):
+            kafka = KafkaTopics(bootstrap, groups, poll)
+            kafka.pid = pid
+            try:
+                yield kafka
+            finally:
+                kafka.close()
     else:
         with bench_server(kind) as (endpoint, _, pid):
             up = KINDS[kind](endpoint, groups, poll)
@@ -426,6 +538,15 @@ def tree(pid: int) -> Iterator[psutil.Process]:
     with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)
         yield from [root, *root.children(recursive=True)]
+
+
+def sockets_to(pid: int, port: int) -> int:
+    """Open TCP connections from a process tree to ``port`` on this machine (its clients' pools)."""
+    count = 0
+    for proc in tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            count += sum(1 for c in proc.net_connections(kind="tcp") if c.raddr and c.raddr.port == port)
+    return count
 
 
 def tree_cpu(pid: int) -> float:
@@ -703,6 +824,7 @@ def measure(args: argparse.Namespace, result: dict[str, Any], up: Upstream, airf
     cpu = {name: (tree_cpu(pid) - cpu0[name]) / elapsed * 100 for name, pid in pids.items()}
     result["hold_machine"] = machine.report()
     result["requests_per_round"] = round(served / (elapsed / args.poll_interval), 2)
+    result["upstream_sockets_per_triggerer"] = [sockets_to(pids[name], up.port()) for name in names]
     result["cpu_pct_per_triggerer"] = [round(cpu[name], 1) for name in names]
     result["cpu_pct_total"] = round(sum(cpu.values()), 1)
     if routing == "idle":
