@@ -42,6 +42,7 @@ import collections
 import contextlib
 import contextvars
 import copy
+import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -293,12 +294,18 @@ async def get_extra(conn: Connection) -> dict[str, Any]:
     """
     text = getattr(conn, "extra", None)
     aextra = getattr(conn, "aextra_dejson", None)
-    if aextra is None or not isinstance(text, str) or not text:
+    if not isinstance(text, str) or not text:
         extra = dict(await aextra()) if aextra is not None else dict(conn.extra_dejson)
     else:
-        extra = copy.deepcopy(await asyncio.shield(_masked_read(text, aextra)))
+        read = aextra if aextra is not None else functools.partial(_extra_before_3_3, conn)
+        extra = copy.deepcopy(await asyncio.shield(_masked_read(text, read)))
     register_connection(conn, extra)
     return extra
+
+
+async def _extra_before_3_3(conn: Connection) -> dict[str, Any]:
+    """Airflow before 3.3 has only ``extra_dejson``, whose mask is a blocking send: once per extra too."""
+    return dict(conn.extra_dejson)
 
 
 #: Distinct extras (by text) whose masked read :func:`get_extra` keeps per loop.

@@ -154,17 +154,30 @@ async def test_concurrent_first_reads_of_an_extra_share_one_mask(monkeypatch: py
 async def test_a_failed_extra_read_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_FLAKY_EXTRA", json.dumps({"conn_type": "http", "extra": {"region": "r1"}}))
     conn = await connections.get_connection("flaky_extra")
-    real = type(conn).aextra_dejson
     calls = 0
 
-    async def fails_once(self: object) -> dict[str, object]:
+    def fail_once() -> None:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("channel closed")
-        return await real(self)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(type(conn), "aextra_dejson", fails_once)
+    if hasattr(type(conn), "aextra_dejson"):  # Airflow 3.3
+        real = type(conn).aextra_dejson
+
+        async def read(self: object) -> dict[str, object]:
+            fail_once()
+            return await real(self)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(type(conn), "aextra_dejson", read)
+    else:  # before 3.3: the synchronous property alone
+        real_property = type(conn).extra_dejson
+
+        def read_sync(self: object) -> dict[str, object]:
+            fail_once()
+            return real_property.fget(self)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(type(conn), "extra_dejson", property(read_sync))
     with pytest.raises(RuntimeError, match="channel closed"):
         await connections.get_extra(conn)
     assert await connections.get_extra(conn) == {"region": "r1"}
