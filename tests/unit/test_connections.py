@@ -185,6 +185,32 @@ async def test_a_failed_extra_read_is_not_kept(monkeypatch: pytest.MonkeyPatch) 
     assert calls == 2
 
 
+async def test_an_undecodable_extra_among_healthy_ones_reads_as_airflow_reads_it_and_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Airflow reads an extra that is not JSON as {} (and logs why). Kept reads are keyed by the
+    # extra's text, so the broken one's {} must reach none of the healthy connections' waits,
+    # theirs must not reach it, and once it is mended the mended text is read.
+    channel = install_supervisor(monkeypatch, "not_found")
+    healthy = {f"healthy_{i}": {"region": f"r{i}", "token": f"t-{i}"} for i in range(3)}
+    for conn_id, extra in healthy.items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "http", "extra": extra}))
+    monkeypatch.setenv("AIRFLOW_CONN_BROKEN_EXTRA", json.dumps({"conn_type": "http", "extra": '{"region": "r9",'}))
+    names = [*healthy, "broken_extra"]
+    conns = {name: await connections.get_connection(name) for name in names}
+    channel.sent.clear()
+    order = [names[i % len(names)] for i in range(400)]  # interleaved, as waits of many DAGs start
+    read = await asyncio.gather(*(connections.get_extra(conns[name]) for name in order))
+    for name, extra in zip(order, read, strict=True):
+        assert extra == healthy.get(name, {}), name
+    assert sorted(channel.masked(), key=str) == sorted(healthy.values(), key=str)
+
+    monkeypatch.setenv("AIRFLOW_CONN_BROKEN_EXTRA", json.dumps({"conn_type": "http", "extra": {"region": "r9"}}))
+    mended = await connections.get_connection("broken_extra")
+    assert await connections.get_extra(mended) == {"region": "r9"}
+    assert await connections.get_extra(conns["healthy_0"]) == healthy["healthy_0"]
+
+
 async def test_a_connection_of_another_type_is_fatal_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE", json.dumps({"conn_type": "postgres", "host": "db.invalid"}))
     with pytest.raises(
