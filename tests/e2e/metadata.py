@@ -107,6 +107,20 @@ def watcher_holders(dsn: str) -> Counter[int | None]:
     return Counter(None if row[0] is None else int(row[0]) for row in rows)
 
 
+def watermarks(dsn: str, *assets: str) -> dict[str, Any]:
+    """Each asset's saved watermark (the state inside the kit's envelope), of ``assets`` or of all."""
+    rows = query(
+        dsn,
+        "SELECT a.name, s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id "
+        "WHERE s.key LIKE 'airflow_deferrable_kit/%%'",
+    )
+    return {
+        str(name): (value if isinstance(value, dict) else json.loads(value))["state"]
+        for name, value in rows
+        if not assets or name in assets
+    }
+
+
 def events_in_runs(dsn: str, dag_id: str) -> Counter[int]:
     """How many DAG runs of ``dag_id`` each asset event is in."""
     rows = query(

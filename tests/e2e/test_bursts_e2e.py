@@ -8,7 +8,8 @@ within seconds, with no further event needed.
 
 For each event trigger kind (S3, Postgres, Kafka: items; HTTP and ``as_event_trigger()``: edges)
 and each burst size, the test makes the burst happen at once (edges: one transition every
-other poll, the fastest a watcher that looks every poll can see them) and counts the events
+other poll, the fastest a watcher that looks every poll can see them, each state held until
+the watcher's saved watermark shows it was seen) and counts the events
 fired, the events consumed, the runs created, and the seconds from the last item to the
 creation of the run that consumed it. First with one triggerer, then with two holding the
 watchers between them.
@@ -40,6 +41,7 @@ from tests.e2e.metadata import (
     set_batch,
     wait_for,
     watcher_holders,
+    watermarks,
 )
 
 pytestmark = pytest.mark.e2e
@@ -133,14 +135,30 @@ class Bursts:
         elif asset == "adk_burst_kafka":
             asyncio.run(self._produce(tag, size))
         else:
+            made = time.time()
             for _ in range(size):
-                self._edge(asset, True)
-                time.sleep(EDGE_HOLD)
-                self._edge(asset, False)
-                time.sleep(EDGE_HOLD)
-            # the last transition to ready happened EDGE_HOLD * 2 ago
-            return time.time() - 2 * EDGE_HOLD
+                made = self._hold_edge(asset, True)
+                self._hold_edge(asset, False)
+            return made  # the last transition to ready
         return time.time()
+
+    def _hold_edge(self, asset: str, ready: bool) -> float:
+        """Make ``asset``'s condition ``ready`` and hold it until its watcher has seen it; when it was made.
+
+        Each state is held at least :data:`EDGE_HOLD` (two looks), and then until the watcher's
+        saved watermark says it: a look delayed by a busy loop (the item watchers' bursts run on
+        the same triggerer at the same time) would otherwise miss a state, which is what an edge
+        watcher is documented to do, not what this test is about.
+        """
+        self._edge(asset, ready)
+        made = time.time()
+        time.sleep(EDGE_HOLD)
+        wait_for(
+            f"{asset}'s watcher seeing its condition {'true' if ready else 'false'}",
+            lambda: (watermarks(self.dsn, asset).get(asset) or {}).get("ready") is ready,
+            timeout=60,
+        )
+        return made
 
     def _edge(self, asset: str, ready: bool) -> None:
         if asset == "adk_burst_http":

@@ -38,6 +38,7 @@ from tests.e2e.metadata import (
     query,
     set_batch,
     wait_for,
+    watermarks,
 )
 
 pytestmark = pytest.mark.e2e
@@ -104,11 +105,7 @@ class World:
 
     def watermarks(self) -> dict[str, Any]:
         """Each asset's saved watermark (the state inside the kit's envelope)."""
-        rows = self.query(
-            "SELECT a.name, s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id "
-            "WHERE s.key LIKE 'airflow_deferrable_kit/%%'"
-        )
-        return {str(name): (value if isinstance(value, dict) else json.loads(value))["state"] for name, value in rows}
+        return watermarks(self.dsn)
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ from tests.e2e.metadata import (
     set_batch,
     wait_for,
     watcher_holders,
+    watermarks,
 )
 
 pytestmark = pytest.mark.e2e
@@ -92,12 +93,7 @@ class HaWorld:
         return events_in_runs(self.dsn, f"{asset}_consumer")
 
     def watermark(self, asset: str) -> Any:
-        rows = self.query(
-            "SELECT s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id "
-            "WHERE a.name = %s AND s.key LIKE 'airflow_deferrable_kit/%%'",
-            asset,
-        )
-        return (rows[0][0] if isinstance(rows[0][0], dict) else json.loads(rows[0][0]))["state"] if rows else None
+        return watermarks(self.dsn, asset).get(asset)
 
     def saved_at(self, asset: str) -> float | None:
         """When the watermark of ``asset`` was last saved (the metadata DB's clock)."""
