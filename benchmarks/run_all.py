@@ -10,7 +10,7 @@ on fresh servers of the same kind). ``--plan`` picks the cells:
   one topic (``kafka``) and one topic per wait (``kafka-topics``); kit and official at N=100,
   the kit at N=1,000 and at N=10,000 (over 1,000 topics for ``kafka-topics``).
 
-* ``floor``: Airflow's own runner with N triggers that only sleep (N=1,000 and 10,000): what
+* ``floor``: Airflow's own runner with N triggers that only sleep (N=100, 1,000 and 10,000): what
   the triggerer itself costs per waiting trigger and per event, whatever the trigger.
 * ``all``: every plan above, official triggers at N=10,000 included: the whole matrix in one
   command (see RESULTS.md "Commands" for its running time).
@@ -92,7 +92,7 @@ def cells(plan: str, official_large: bool, kinds: list[str], explicit: bool = Fa
     if plan == "floor":
         return [
             {"kind": "datetime", "impl": "floor", "n": n, "poll": poll, "hold": hold, "warmup": 0.0}
-            for n, poll, hold in ((1000, 5.0, 10.0), (10000, 30.0, 30.0))
+            for n, poll, hold in ((100, 5.0, 10.0), (1000, 5.0, 10.0), (10000, 30.0, 30.0))
         ]
     if plan == "small":
         for n in (100, 1000):
@@ -282,6 +282,23 @@ def label(r: dict[str, Any]) -> str:
     return f"{r['kind']} ({extra})"
 
 
+#: Runs further apart than this are from different sessions (a session's cells span a few hours).
+SESSION_HOURS = 6.0
+
+
+def apart(r: dict[str, Any], o: dict[str, Any]) -> bool:
+    """Whether two runs are from different sessions, so that a ratio of them compares two VMs."""
+    if "finished_utc" not in r or "finished_utc" not in o:
+        return False
+    return abs(_epoch(r["finished_utc"]) - _epoch(o["finished_utc"])) > SESSION_HOURS * 3600
+
+
+def finished_at(r: dict[str, Any]) -> str:
+    """When a run finished (UTC, to the minute): the session each figure comes from."""
+    stamp = str(r.get("finished_utc", ""))
+    return f"{stamp[:10]} {stamp[11:16]}" if stamp else "-"
+
+
 def fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"
@@ -311,8 +328,9 @@ def tables(results: list[dict[str, Any]]) -> str:
         "",
         "| kind | impl | N | poll s | start-up s (first polls) | hold s | CPU % core (raw) | CPU ms/poll "
         "(polls made / due) | RSS KB/trigger | objects/wait | sockets max | "
-        "events/N | latency p50 / p99 / max s | loop lag max ms (startup) | GC pause max ms (full GCs) |",
-        "|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---|---|---|",
+        "events/N | latency p50 / p99 / max s | loop lag max ms (startup) | GC pause max ms (full GCs) | "
+        "measured (UTC) |",
+        "|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---|---|---|---|",
     ]
     for r in sorted(done, key=lambda r: (r["n"], KINDS.index(r["kind"]), r["impl"], bool(r.get("freeze_gc")))):
         impl = r["impl"] + (", gc frozen" if r.get("freeze_gc") else "")
@@ -327,7 +345,7 @@ def tables(results: list[dict[str, Any]]) -> str:
             f"{fmt(r['rss_per_trigger_kb'])} | {fmt(r.get('objects_per_wait'))} | "
             f"{r['sockets_max']} | {r['events']:,}/{r['n']:,} | {fmt(r['latency_p50_s'])} / "
             f"{fmt(r['latency_p99_s'])} / {fmt(r['latency_max_s'])} | {r['lag_max_ms']} ({r['lag_max_startup_ms']}) | "
-            f"{gc_text} |"
+            f"{gc_text} | {finished_at(r)} |"
         )
     for r in failed:
         if r.get("steady_state") is False:
@@ -340,7 +358,8 @@ def tables(results: list[dict[str, Any]]) -> str:
         else:
             reason = f"did not complete: {r['error'][:150]!r}{while_waiting(r)}"
         lines.append(
-            f"| {label(r)} | {r['impl']} | {r['n']:,} | {fmt(float(r['poll_interval']))} | {reason} ||||||||||"
+            f"| {label(r)} | {r['impl']} | {r['n']:,} | {fmt(float(r['poll_interval']))} | {reason} |||||||||| "
+            f"{finished_at(r)} |"
         )
     for n, f in sorted(floors.items()):
         lines.append(
@@ -349,7 +368,7 @@ def tables(results: list[dict[str, Any]]) -> str:
             f"- | {fmt(f['rss_per_trigger_kb'])} | {fmt(f.get('objects_per_wait'))} | {f['sockets_max']} | "
             f"{f.get('events', 0):,}/{n:,} | {fmt(f.get('latency_p50_s'))} / {fmt(f.get('latency_p99_s'))} / "
             f"{fmt(f.get('latency_max_s'))} | {f.get('lag_max_ms')} ({f.get('lag_max_startup_ms')}) | "
-            f"{f.get('gc_pause_max_ms')} ({f.get('gc_full_collections')}) |"
+            f"{f.get('gc_pause_max_ms')} ({f.get('gc_full_collections')}) | {finished_at(f)} |"
         )
 
     lines += ["", "### Kit vs official at equal N and poll interval", ""]
@@ -365,8 +384,8 @@ def tables(results: list[dict[str, Any]]) -> str:
         "",
         "| kind | N | official trigger | CPU/poll official ÷ kit (≥ 3) | CPU above the floor: official ÷ kit "
         "(≥ 3) | RSS/trigger official ÷ kit (≥ 50) | sockets kit / official | latency p99 kit / official s "
-        "(fired) |",
-        "|---|---:|---|---|---|---|---|---|",
+        "(fired) | measured kit / official (UTC) |",
+        "|---|---:|---|---|---|---|---|---|---|",
     ]
     by_key = {key(r): r for r in done}
     for r in sorted(done, key=lambda r: (r["n"], KINDS.index(r["kind"]))):
@@ -401,18 +420,21 @@ def tables(results: list[dict[str, Any]]) -> str:
         memory = f"{fmt(off_kb)} ÷ {fmt(kit_kb)} KB = {fmt(rss_ratio)}x {ok(rss_ratio >= 50)}"
         if r.get("busy") or o.get("busy"):
             cpu_text += " (**busy machine: not a result**)"
+        if apart(r, o):
+            cpu_text += " (**kit and official from different sessions: not a result**)"
         lines.append(
             f"| {label(r)} | {r['n']:,} | {OFFICIAL_NAME[r['kind']]} | {cpu_text} | {above_text} | {memory} | "
             f"{r['sockets_max']} / {o['sockets_max']} | {fmt(r['latency_p99_s'])} "
-            f"({r['events']:,}/{r['n']:,}) / {fmt(o['latency_p99_s'])} ({o['events']:,}/{o['n']:,}) |"
+            f"({r['events']:,}/{r['n']:,}) / {fmt(o['latency_p99_s'])} ({o['events']:,}/{o['n']:,}) | "
+            f"{finished_at(r)} / {finished_at(o)} |"
         )
 
     lines += ["", "### Targets at N=10,000, poll 30 s (kit)", ""]
     lines += [
         "| kind | CPU % core (net of Airflow's runner) | RSS KB/trigger (slope 1k→10k) | sockets (100 / 1k / 10k) | "
         "latency p99 s (target) | "
-        "loop lag max ms (longest GC pause) | loop lag max ms, start-up objects frozen |",
-        "|---|---|---|---|---|---|---|",
+        "loop lag max ms (longest GC pause) | loop lag max ms, start-up objects frozen | measured (UTC) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for kind in KINDS:
         big = by_key.get((kind, "kit", 10000, 30.0, False, "", current))
@@ -447,7 +469,7 @@ def tables(results: list[dict[str, Any]]) -> str:
             f"{' / '.join(fmt(s) for s in socks)}{socket_note} {ok(big['sockets_max'] <= bound)} | "
             f"{fmt(p99)} (< {lat_target:g}; {big['events']:,}/{big['n']:,} fired) {ok(lat_met)} | "
             f"{big['lag_max_ms']} {ok(big['lag_max_ms'] < LAG_TARGET_MS)} ({big.get('gc_pause_max_ms', '-')}) | "
-            f"{frozen_lag(frozen)} |"
+            f"{frozen_lag(frozen)} | {finished_at(big)} |"
         )
     return "\n".join(lines) + "\n"
 
