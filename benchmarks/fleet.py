@@ -20,6 +20,9 @@ Kinds (``--kind``), each N waits over ``--groups`` groups (wait ``i`` on group `
 * ``kafka``: ``KafkaMessageTrigger`` on topic ``fleet-{j}`` (4 partitions) for the message
   ``{"id": i}``; the broker counts no requests, so its figure is ``upstream_sockets``; the flip
   produces every wait's message, each its own moment (the broker's acknowledgement).
+* ``datetime``: the kit's ``DateTimeTrigger``, no upstream; its moments are planned as the
+  floor's are (below: ``--floor-after``, and with ``--flow`` a steady flow of them), so the
+  kit's clock waits and Airflow's own run the same schedule.
 
 Every cell reports ``upstream_sockets_per_triggerer``: each triggerer's open connections to the
 upstream at the end of the hold (its clients' pools: the kit keeps one client per connection
@@ -147,6 +150,8 @@ class Upstream:
     operator: str
     #: The upstream server's process (its CPU is reported: on a small machine it can be the limit).
     pid: int | None = None
+    #: Whether its waits fire at planned moments (:class:`Moments`) rather than when flipped.
+    fires_by_itself = False
 
     def __init__(self, endpoint: str, groups: int, poll: float) -> None:
         self.endpoint, self.groups, self.poll = endpoint, groups, poll
@@ -393,7 +398,39 @@ class KafkaTopics(Upstream):
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-KINDS: dict[str, type[Upstream]] = {kind.name: kind for kind in (S3Folders, HttpUrls, PostgresTables, KafkaTopics)}
+class Moments(Upstream):
+    """The kit's ``DateTimeTrigger``: no upstream, each wait's moment planned when it is written.
+
+    Its waits fire by themselves, as Airflow's own floor does: :func:`measure` plans the moments
+    (``--floor-after`` from now; with ``--flow``, ``--flow-rate`` of them a second, the others a
+    day away) and each wait's moment is its flip. Nothing is asked of any server, so requests
+    and upstream sockets are 0; the figures are the triggerers' CPU and the event latency.
+    """
+
+    kind, name, operator = "kit-datetime", "datetime", "DateTimeSensor"
+    fires_by_itself = True
+
+    def connections(self) -> dict[str, str]:
+        return {}
+
+    def trigger_at(self, moment: dt.datetime) -> Any:
+        from airflow_deferrable_kit.triggers.temporal import DateTimeTrigger
+
+        return DateTimeTrigger(target_time=moment.isoformat(), poll_interval=self.poll)
+
+    def served(self) -> int:
+        return 0
+
+    def served_by_method(self) -> dict[str, int]:
+        return {}
+
+    def port(self) -> int:
+        return 0  # no upstream: no socket is to it
+
+
+KINDS: dict[str, type[Upstream]] = {
+    kind.name: kind for kind in (S3Folders, HttpUrls, PostgresTables, KafkaTopics, Moments)
+}
 
 
 @contextlib.contextmanager
@@ -406,6 +443,8 @@ def upstream(kind: str, groups: int, poll: float) -> Iterator[Upstream]:
             up: Upstream = PostgresTables(dsn, groups, poll)
             up.pid = pid
             yield up
+    elif kind == "datetime":
+        yield Moments("", groups, poll)
     elif kind == "kafka":
         with servers("kafka") as (bootstrap, pid):
             kafka = KafkaTopics(bootstrap, groups, poll)
@@ -421,14 +460,17 @@ def upstream(kind: str, groups: int, poll: float) -> Iterator[Upstream]:
             yield up
 
 
-def write_waits(dsn: str, up: Upstream, n: int, routed: bool, moments: list[dt.datetime] | None = None) -> None:
+def write_waits(
+    dsn: str, up: Upstream, n: int, routed: bool, moments: list[dt.datetime] | None = None, airflows: bool = True
+) -> None:
     """N deferred task instances of one run and their triggers on ``up``, in one transaction.
 
     Written with Airflow's own table objects, so their Python-side defaults apply as when
     Airflow writes them; the columns given are those the triggerer reads (a task instance
     without ``dag_version_id`` is skipped, one without ``queue`` or ``priority_weight`` stops
     the triggerer) and the kwargs are stored as the Execution API stores a worker's deferral.
-    With ``moments`` (one per wait), every trigger is Airflow's own ``DateTimeTrigger`` instead (the floor).
+    With ``moments`` (one per wait), every trigger is Airflow's own ``DateTimeTrigger`` instead (the
+    floor), or with ``airflows=False`` the kit's (``up.trigger_at``, :class:`Moments`).
     """
     import sqlalchemy as sa
     from airflow.models import import_all_models
@@ -449,7 +491,8 @@ def write_waits(dsn: str, up: Upstream, n: int, routed: bool, moments: list[dt.d
             from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
             if moments[i] not in floors:
-                classpath, kwargs = DateTimeTrigger(moment=moments[i]).serialize()
+                at = DateTimeTrigger(moment=moments[i]) if airflows else up.trigger_at(moments[i])
+                classpath, kwargs = at.serialize()
                 floors[moments[i]] = json.dumps(serialize(kwargs))
             stored = floors[moments[i]]
         triggers.append(
@@ -758,16 +801,18 @@ def measure(args: argparse.Namespace, result: dict[str, Any], up: Upstream, airf
     routed = pool_size is not None
     # The floor's triggers all fire at one moment, late enough for every one to be running (with
     # --flow, --flow-rate of them a second from that moment, the rest a day away); the idle
-    # floor's a day away: each sleeps an hour at a time and logs nothing in the hold.
-    after = {"floor": args.floor_after, "idle": 86_400.0}.get(routing)
+    # floor's a day away: each sleeps an hour at a time and logs nothing in the hold. The kit's
+    # DateTime waits (a kind, not a routing) are planned as the floor is.
+    airflows = routing in ("floor", "idle")
+    after = {"floor": args.floor_after, "idle": 86_400.0}.get(routing, args.floor_after if up.fires_by_itself else None)
     moments = None
     if after is not None:
         at = dt.datetime.now(UTC) + dt.timedelta(seconds=after)
-        flowing = int(args.flow * args.flow_rate) if args.flow and routing == "floor" else n
+        flowing = int(args.flow * args.flow_rate) if args.flow and routing != "idle" else n
         later = at + dt.timedelta(days=1)
         moments = [at + dt.timedelta(seconds=i // args.flow_rate) if args.flow else at for i in range(flowing)]
         moments += [later] * (n - len(moments))
-    write_waits(dsn, up, n, routed, moments)
+    write_waits(dsn, up, n, routed, moments, airflows)
     queues = pools(t, up.groups, pool_size) if routed else [[] for _ in range(t)]
     result["queues"] = queues
     started = time.monotonic()
